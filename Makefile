@@ -1,0 +1,56 @@
+# Set-up on a fresh machine is two commands: `make book` and `make test`.
+# Both create .venv from the pinned requirements.txt when it is missing or out of date.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# make book QUICK=1            smoke profile from data/params.yaml (fast iteration)
+# make book FORCE=chapters/x   re-execute the notebooks under a path even if unchanged
+# make book JOBS=1             notebooks executed at once (default: number of cores)
+BUILD_ARGS := $(if $(QUICK),--quick) $(if $(FORCE),--force $(FORCE)) $(if $(JOBS),--jobs $(JOBS))
+# make test CHECK_ARGS=--require-browser   fail instead of skipping when Chromium is missing
+CHECK_ARGS ?=
+
+.PHONY: help venv book test unit check data lab clean
+help:
+	@echo "make book   execute the notebooks (papermill) and build the site into _build/html"
+	@echo "make test   unit and claims tests, build the book, then check the site"
+	@echo "make lab    open the notebooks in JupyterLab from the pinned environment"
+	@echo "make data   copy the last build's result tables to data/results (on purpose)"
+	@echo "make clean  remove _build"
+
+venv: $(STAMP)
+
+# Reinstall when the pins or the package metadata change.
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+book: $(STAMP)
+	$(PY) -m bookbuild build $(BUILD_ARGS)
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+check: $(STAMP)
+	$(PY) -m bookbuild check $(CHECK_ARGS)
+
+# Unit, property and claims tests first (fast feedback), then the book, then the site checks.
+test: $(STAMP)
+	$(PY) -m pytest -q
+	$(PY) -m bookbuild build $(BUILD_ARGS)
+	$(PY) -m bookbuild check $(CHECK_ARGS)
+
+data: $(STAMP)
+	$(PY) -m bookbuild data
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=.
+
+clean:
+	rm -rf _build

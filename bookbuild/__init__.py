@@ -1,0 +1,1 @@
+"""Build tooling of the book: papermill runner, cache, normalisation, site checks."""

@@ -1,0 +1,262 @@
+"""Site checks run by ``make test`` on the last build.
+
+(a) every page in ``_toc.yml`` was rendered from the current staged sources;
+(b) no executed notebook holds an error output;
+(c) no page or stylesheet references an external script, stylesheet, font or image;
+(d) in headless Chromium, after typesetting, every page with math holds at least as many
+    ``mjx-container`` elements as it has math nodes and no ``mjx-merror``; a screenshot of
+    each page lands in ``_build/screenshots/``;
+(e) the build's result tables agree with ``data/results`` within their tolerances.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+
+from .book import Book
+from .cache import tree_hash
+from .results import compare_all
+from .site import STAMP
+
+
+@dataclass
+class CheckResult:
+    name: str
+    problems: list[str] = field(default_factory=list)
+    summary: str = ""
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --- (a) ------------------------------------------------------------------------------
+def check_pages(book: Book) -> CheckResult:
+    result = CheckResult("(a) every toc page rendered from the current sources")
+    stamp = book.html / STAMP
+    if not stamp.exists():
+        result.problems.append(f"{book.html} has no build stamp: the site was never built")
+        return result
+    if book.stage.exists() and stamp.read_text().strip() != tree_hash(book.stage):
+        result.problems.append("the site was not built from the current staged sources "
+                               "(a silent or failed build?): run `make book`")
+    for page in book.pages:
+        html = book.html / page.with_suffix(".html")
+        if not html.exists():
+            result.problems.append(f"{page}: not rendered ({html.relative_to(book.root)} missing)")
+        elif "<h1" not in html.read_text(errors="replace"):
+            result.problems.append(f"{page}: rendered page has no title (empty page?)")
+    result.summary = f"{len(book.pages)} pages"
+    return result
+
+
+# --- (b) ------------------------------------------------------------------------------
+def check_notebook_errors(book: Book) -> CheckResult:
+    result = CheckResult("(b) no error output in executed notebooks")
+    for nb_path in book.notebooks:
+        executed = book.executed / nb_path
+        if not executed.exists():
+            result.problems.append(f"{nb_path}: never executed")
+            continue
+        nb = nbformat.read(executed, as_version=4)
+        for number, cell in enumerate(nb.cells, 1):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    result.problems.append(
+                        f"{nb_path} cell {number}: {out.get('ename')}: {out.get('evalue')}")
+    result.summary = f"{len(book.notebooks)} notebooks"
+    return result
+
+
+# --- (c) ------------------------------------------------------------------------------
+_EXTERNAL = re.compile(r"^\s*(https?:)?//", re.I)
+_CSS_EXTERNAL = re.compile(
+    r"(?:url\(\s*['\"]?|@import\s+['\"])\s*((?:https?:)?//[^'\")\s]+)", re.I)
+_RESOURCE_LINK_RELS = {"stylesheet", "preload", "modulepreload", "icon", "shortcut",
+                       "apple-touch-icon", "manifest", "prefetch", "preconnect", "dns-prefetch"}
+
+
+class _ResourceParser(HTMLParser):
+    """Collects URLs a browser would fetch on its own when the page loads."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[tuple[str, str]] = []
+        self.styles: list[str] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "style":
+            self._in_style = True
+        if a.get("style"):
+            self.styles.append(a["style"])
+        wanted = {"script": ["src"], "img": ["src", "srcset"], "source": ["src", "srcset"],
+                  "iframe": ["src"], "video": ["src", "poster"], "audio": ["src"],
+                  "embed": ["src"], "object": ["data"], "input": ["src"]}.get(tag, [])
+        if tag == "link" and set((a.get("rel") or "").lower().split()) & _RESOURCE_LINK_RELS:
+            wanted = ["href"]
+        for attr in wanted:
+            value = a.get(attr)
+            if value:
+                for url in value.split(",") if attr == "srcset" else [value]:
+                    self.urls.append((f"<{tag} {attr}>", url.strip().split(" ")[0]))
+
+    def handle_endtag(self, tag):
+        if tag == "style":
+            self._in_style = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.styles.append(data)
+
+
+def external_resources(html: str) -> list[str]:
+    """Descriptions of every external resource a page would load."""
+    parser = _ResourceParser()
+    parser.feed(html)
+    found = [f"{where} {url}" for where, url in parser.urls if _EXTERNAL.match(url)]
+    for css in parser.styles:
+        found += [f"inline style {m.group(1)}" for m in _CSS_EXTERNAL.finditer(css)]
+    return found
+
+
+def check_offline(book: Book) -> CheckResult:
+    result = CheckResult("(c) no external scripts, stylesheets, fonts or images")
+    pages = sorted(book.html.rglob("*.html"))
+    for page in pages:
+        for problem in external_resources(page.read_text(errors="replace")):
+            result.problems.append(f"{page.relative_to(book.html)}: {problem}")
+    sheets = sorted(book.html.rglob("*.css"))
+    for sheet in sheets:
+        for m in _CSS_EXTERNAL.finditer(sheet.read_text(errors="replace")):
+            result.problems.append(f"{sheet.relative_to(book.html)}: {m.group(1)}")
+    result.summary = f"{len(pages)} pages, {len(sheets)} stylesheets"
+    return result
+
+
+# --- (d) ------------------------------------------------------------------------------
+_MATH_NODE = re.compile(r'class="math[ "]')
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _chromium(binary: str, args: list[str], timeout: int = 90) -> str:
+    with tempfile.TemporaryDirectory() as profile:
+        command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                   "--disable-background-networking", "--disable-component-update",
+                   "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                   f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        return proc.stdout
+
+
+def typeset_counts(dom: str) -> tuple[int, int]:
+    """(number of mjx-container elements, number of mjx-merror elements) in a DOM dump."""
+    return dom.count("<mjx-container"), dom.count("<mjx-merror")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def serve(directory: Path):
+    """Serve ``directory`` on 127.0.0.1 (random port) in a daemon thread; returns the server."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def check_math(book: Book, require_browser: bool = False) -> CheckResult:
+    result = CheckResult("(d) math typeset in headless Chromium, screenshots")
+    binary = find_chromium()
+    if binary is None:
+        message = ("Chromium not found: the MathJax check and the screenshots did NOT run. "
+                   "Install it with `apt-get install -y chromium` (CI does).")
+        if require_browser:
+            result.problems.append(message)
+        else:
+            result.skipped, result.summary = True, message
+        return result
+    shots = book.build / "screenshots"
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir(parents=True)
+    server = serve(book.html)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    with_math = 0
+
+    def visit(page: Path):
+        rel = page.with_suffix(".html").as_posix()
+        source = (book.html / rel).read_text(errors="replace")
+        math_nodes = len(_MATH_NODE.findall(source))
+        dom = _chromium(binary, ["--dump-dom", f"{base}/{rel}"])
+        png = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+        _chromium(binary, [f"--screenshot={png}", "--window-size=1280,1600", f"{base}/{rel}"])
+        return rel, math_nodes, *typeset_counts(dom), bool(dom.strip()), png.exists()
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            visits = list(pool.map(visit, book.pages))
+    finally:
+        server.shutdown()
+    for rel, math_nodes, containers, errors, loaded, shot in visits:
+        if not loaded:
+            result.problems.append(f"{rel}: Chromium returned no DOM")
+            continue
+        if math_nodes:
+            with_math += 1
+            if containers < math_nodes:
+                result.problems.append(f"{rel}: {math_nodes} math nodes but only {containers} "
+                                       "typeset (mjx-container): MathJax did not run?")
+        if errors:
+            result.problems.append(f"{rel}: {errors} TeX error(s) (mjx-merror)")
+        if not shot:
+            result.problems.append(f"{rel}: no screenshot")
+    result.summary = (f"{len(visits)} pages, {with_math} with math; screenshots in "
+                      f"{shots.relative_to(book.root)}/")
+    return result
+
+
+# --- (e) ------------------------------------------------------------------------------
+def check_results(book: Book) -> CheckResult:
+    result = CheckResult("(e) result tables agree with data/results")
+    result.problems = compare_all(book)
+    result.summary = "within their tolerances"
+    return result
+
+
+def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
+    checks = [check_pages(book), check_notebook_errors(book), check_offline(book),
+              check_math(book, require_browser), check_results(book)]
+    for check in checks:
+        if check.skipped:
+            banner = "!" * 78
+            echo(f"{banner}\nSKIPPED {check.name}: {check.summary}\n{banner}")
+        elif check.ok:
+            echo(f"ok      {check.name}: {check.summary}")
+        else:
+            echo(f"FAILED  {check.name}:")
+            for problem in check.problems:
+                echo(f"        {problem}")
+    return all(c.ok for c in checks)

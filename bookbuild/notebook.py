@@ -1,0 +1,261 @@
+"""What a notebook of the book calls: parameters, seeds, figures with provenance, tables, glue.
+
+A notebook starts with a cell tagged ``parameters`` and then::
+
+    from bookbuild.notebook import start
+    run = start("chapters/framework/operators.ipynb", globals())
+
+``start`` checks that the parameters named in ``data/params.yaml`` are defined, seeds
+``random``, numpy and torch, makes torch deterministic with a fixed thread count and sets the
+figure style. Then::
+
+    run.figure(fig, "operator-grid")          # footer: notebook, parameters, seed, commit
+    run.table(df, "identity", atol=1e-12)     # result table (CSV) + its tolerances
+    run.glue("max_error", value)              # a number for the prose ({glue:text})
+    for item in run.progress(items, "sweep"): # progress in the terminal, not on the page
+        ...
+
+Under the build (``make book``), outputs go to a scratch directory the runner installs on
+success. Run interactively (``make lab``), they go to ``_build/interactive/`` so the working
+tree is never modified.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+FIGURE_DPI = 110
+
+
+def book_root() -> Path:
+    """The book being built (the runner says which), else this checkout."""
+    return Path(os.environ.get("BOOK_ROOT") or Path(__file__).resolve().parent.parent)
+
+
+def _chapter_of(notebook: str) -> str:
+    """``chapters/<topic>/x.ipynb`` -> ``<topic>``: the folder a notebook's outputs go to."""
+    parts = Path(notebook).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "chapters" else Path(notebook).stem
+
+
+@dataclass
+class NotebookRun:
+    """One execution of one notebook. Build it with :func:`start`."""
+
+    notebook: str
+    params: dict
+    profile: str
+    commit: str
+    output_dir: Path
+    progress_log: Path | None
+    glued: dict = field(default_factory=dict)
+
+    @property
+    def seed(self) -> int:
+        return int(self.params["seed"])
+
+    @property
+    def chapter(self) -> str:
+        return _chapter_of(self.notebook)
+
+    def rng(self, offset: int = 0):
+        """A numpy Generator seeded from the notebook's seed (``offset`` separates streams)."""
+        import numpy as np
+
+        return np.random.default_rng([self.seed, offset])
+
+    # --- provenance ---------------------------------------------------------------------
+    def provenance(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.params.items() if k != "device")
+        return (f"{self.notebook} · profile {self.profile} · {shown} · "
+                f"commit {self.commit}")
+
+    def figure(self, fig, name: str):
+        """Add the provenance footer to ``fig``, save it as ``<name>.png``; return ``fig``.
+
+        The footer names the notebook, the parameters in force (seed included) and the
+        commit, so a figure taken out of the book still says where it came from.
+        """
+        _check_name(name)
+        width_chars = max(60, int(fig.get_figwidth() * 15))
+        lines = textwrap.wrap(self.provenance(), width_chars)
+        footer_in = 0.17 * len(lines) + 0.08
+        height = fig.get_figheight()
+        fig.set_figheight(height + footer_in)
+        fig.subplots_adjust(bottom=min(0.5, (footer_in + 0.45) / (height + footer_in)))
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="0.35", ha="left",
+                 va="bottom", family="monospace")
+        path = self.output_dir / "figures" / self.chapter / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=FIGURE_DPI, facecolor="white", metadata={"Software": None})
+        return fig
+
+    def table(self, df, name: str, rtol: float = 1e-9, atol: float = 0.0,
+              columns: dict | None = None, description: str = ""):
+        """Write ``df`` as the result table ``<name>.csv`` with its tolerances; return ``df``.
+
+        ``make test`` compares the table from the build with the committed copy under
+        ``data/results/<chapter>/`` value by value: numeric columns within
+        ``|run - committed| <= atol + rtol * |committed|`` (per-column overrides in
+        ``columns={"col": {"rtol": ..., "atol": ...}}``), other columns exactly.
+        """
+        _check_name(name)
+        for key, value in (("rtol", rtol), ("atol", atol)):
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{key} must be a number >= 0; got {value!r}")
+        unknown = set(columns or {}) - set(df.columns)
+        if unknown:
+            raise ValueError(f"columns names {sorted(unknown)}, which the table does not have")
+        folder = self.output_dir / "results" / self.chapter
+        folder.mkdir(parents=True, exist_ok=True)
+        df.to_csv(folder / f"{name}.csv", index=False, lineterminator="\n")
+        meta = {
+            "notebook": self.notebook,
+            "profile": self.profile,
+            "description": description,
+            "rtol": rtol,
+            "atol": atol,
+            "columns": columns or {},
+            "params": self.params,
+        }
+        (folder / f"{name}.meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
+        return df
+
+    def glue(self, key: str, value, display: bool = False):
+        """Glue ``value`` under ``key`` for the prose (``{glue:text}`nb.ipynb::key:fmt```)."""
+        from myst_nb import glue as myst_glue
+
+        self.glued[key] = value
+        myst_glue(key, value, display=display)
+        return value
+
+    # --- progress -----------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        """A line in the terminal of whoever runs the notebook (never on the page)."""
+        line = f"{time.strftime('%H:%M:%S')} {message}\n"
+        if self.progress_log is not None:
+            with self.progress_log.open("a") as fh:
+                fh.write(line)
+        else:
+            sys.__stderr__.write(line)
+            sys.__stderr__.flush()
+
+    def progress(self, items, desc: str, every: float = 5.0):
+        """Iterate over ``items``, logging ``desc i/n`` at most every ``every`` seconds."""
+        items = list(items)
+        total = len(items)
+        last = time.perf_counter()
+        self.log(f"{desc}: 0/{total}")
+        for i, item in enumerate(items, 1):
+            yield item
+            now = time.perf_counter()
+            if now - last >= every or i == total:
+                self.log(f"{desc}: {i}/{total}")
+                last = now
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\ ."):
+        raise ValueError(f"name must be a plain file stem like 'operator-grid'; got {name!r}")
+
+
+def _load_entry(notebook: str) -> dict:
+    params_path = book_root() / "data" / "params.yaml"
+    entries = yaml.safe_load(params_path.read_text()) or {}
+    if notebook not in entries:
+        raise KeyError(f"data/params.yaml has no entry for {notebook!r}")
+    return entries[notebook] or {}
+
+
+def set_style() -> None:
+    """One figure style for the book: white backgrounds (readable in dark mode), fixed dpi."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    mpl.rcParams.update({
+        "figure.facecolor": "white",
+        "axes.facecolor": "white",
+        "savefig.facecolor": "white",
+        "figure.dpi": FIGURE_DPI,
+        "savefig.dpi": FIGURE_DPI,
+        "figure.figsize": (7.0, 4.0),
+        "axes.titlesize": "medium",
+    })
+
+
+def seed_everything(seed: int, threads: int) -> None:
+    """Seed Python, numpy and torch; deterministic torch kernels on a fixed thread count."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        import torch
+    except ImportError:  # a notebook that never touches torch need not pay for it
+        return
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+def start(notebook: str, namespace: dict) -> NotebookRun:
+    """Begin a run of ``notebook`` (its path from the book root) with its parameters.
+
+    ``namespace`` is the notebook's ``globals()``: the values of the parameters that
+    ``data/params.yaml`` lists for this notebook are read from it.
+    """
+    env_notebook = os.environ.get("BOOK_NOTEBOOK")
+    if env_notebook is not None and env_notebook != notebook:
+        raise ValueError(f"notebook is {notebook!r} but the build is executing {env_notebook!r}")
+    entry = _load_entry(notebook)
+    names = list((entry.get("published") or {}).keys())
+    missing = [name for name in names if name not in namespace]
+    if missing:
+        raise NameError(f"the parameters cell of {notebook} does not define {missing}")
+    params = {name: namespace[name] for name in names}
+    output = os.environ.get("BOOK_OUTPUT_DIR")
+    log = os.environ.get("BOOK_PROGRESS_LOG")
+    run = NotebookRun(
+        notebook=notebook,
+        params=params,
+        profile=os.environ.get("BOOK_PROFILE", "interactive"),
+        commit=os.environ.get("BOOK_COMMIT") or _interactive_commit(),
+        output_dir=Path(output) if output else book_root() / "_build" / "interactive",
+        progress_log=Path(log) if log else None,
+    )
+    seed_everything(run.seed, int(os.environ.get("BOOK_THREADS", "1")))
+    set_style()
+    return run
+
+
+def _interactive_commit() -> str:
+    from .book import Book
+
+    return Book(book_root()).commit()
+
+
+def load_report() -> dict:
+    """The last build's report (per-notebook status and execution seconds)."""
+    from .book import Book, read_json
+
+    return read_json(Book(book_root()).report_path, {})
+
+
+def load_manifest() -> dict:
+    """The cache manifest: per notebook, the seconds of its last successful execution."""
+    from .book import Book, read_json
+
+    return read_json(Book(book_root()).manifest_path, {})
+
+
+__all__ = ["NotebookRun", "start", "set_style", "seed_everything", "load_report",
+           "load_manifest"]

@@ -1,0 +1,63 @@
+"""Conventions every notebook of the real book follows (checked on the committed sources)."""
+
+from __future__ import annotations
+
+import ast
+
+import nbformat
+import pytest
+
+from bookbuild.book import Book
+
+BOOK = Book.here()
+NOTEBOOKS = [str(p) for p in BOOK.notebooks]
+
+
+def code(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def parameters_cell(nb):
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "exactly one cell tagged 'parameters'"
+    return cells[0]
+
+
+def literal_assignments(source: str) -> dict:
+    values = {}
+    for node in ast.parse(source).body:
+        assert isinstance(node, ast.Assign) and len(node.targets) == 1, \
+            "the parameters cell holds plain assignments only"
+        values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
+
+
+def test_toc_and_params_agree():
+    BOOK.check_params_cover_toc()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(BOOK.root / path, as_version=4)
+    dirty = [i + 1 for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"cells {dirty} carry outputs: commit notebooks cleared"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_parameters_cell_defaults_are_the_published_parameters(path):
+    nb = nbformat.read(BOOK.root / path, as_version=4)
+    defaults = literal_assignments(parameters_cell(nb).source)
+    assert defaults == BOOK.parameters(path, "published")
+    if "import lib" in code(nb) or "from lib" in code(nb) or "torch" in code(nb):
+        assert defaults.get("device") == "cpu", "notebooks that compute with torch take device='cpu'"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_notebook_names_itself_and_starts_a_run(path):
+    nb = nbformat.read(BOOK.root / path, as_version=4)
+    assert f'start("{path}", globals())' in code(nb)
+    assert "sys.path" not in code(nb), "notebooks import lib from the installed package"
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# "), \
+        "a notebook page starts with its '# ' title"

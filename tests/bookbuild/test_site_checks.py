@@ -1,0 +1,48 @@
+"""The site checks can fail: a TeX error and a CDN script are caught on a real build."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bookbuild.book import Book
+from bookbuild.checks import check_math, check_offline, find_chromium
+from bookbuild.site import build_site
+
+pytestmark = pytest.mark.slow
+REAL = Book.here()
+
+
+@pytest.fixture
+def math_book(tmp_path) -> Book:
+    """A one-page book using the real _config.yml (macros, offline MathJax, noundefined)."""
+    root = tmp_path / "mathbook"
+    root.mkdir()
+    for name in ("_config.yml", "references.bib"):
+        shutil.copy2(REAL.root / name, root / name)
+    (root / "_toc.yml").write_text("format: jb-book\nroot: intro\n")
+    (root / "data").mkdir()
+    (root / "data" / "params.yaml").write_text("{}\n")
+    (root / "intro.md").write_text(
+        "# Math\n\nA book macro $\\W_{ij} \\in \\R^{p\\times d}$ and an unknown one "
+        "$\\nosuchmacro{x}$.\n")
+    assert build_site(Book(root), echo=lambda _: None)
+    return Book(root)
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="Chromium not installed")
+def test_unknown_macro_is_reported_and_known_macros_typeset(math_book):
+    result = check_math(math_book)
+    assert [p for p in result.problems if "mjx-merror" in p] == ["intro.html: 1 TeX error(s) (mjx-merror)"]
+    assert (math_book.build / "screenshots" / "intro.png").exists()
+
+
+def test_offline_check_catches_a_cdn_script(math_book):
+    assert check_offline(math_book).ok
+    page = math_book.html / "intro.html"
+    page.write_text(page.read_text().replace(
+        "</head>", '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js">'
+                   "</script></head>"))
+    [problem] = check_offline(math_book).problems
+    assert "cdn.jsdelivr.net" in problem

@@ -1,0 +1,122 @@
+"""Fast unit tests of the build tooling's pieces (no kernels, no Sphinx)."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_notebook
+
+from bookbuild.book import Book, BookError
+from bookbuild.checks import external_resources, typeset_counts
+from bookbuild.normalize import normalize
+from bookbuild.results import compare_table
+
+from .conftest import NOTEBOOK
+
+
+def executed_like_papermill():
+    nb = new_notebook()
+    nb.metadata["papermill"] = {"start_time": "2026-01-01T00:00:00", "input_path": "/tmp/x"}
+    params = new_code_cell("seed = 1", id="own")
+    params.metadata["tags"] = ["parameters"]
+    injected = new_code_cell("# Parameters\nseed = 2\n", id="9f8e7d6c")
+    injected.metadata["tags"] = ["injected-parameters"]
+    body = new_code_cell("seed", id="body")
+    for cell in (params, injected, body):
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-01-01T00:00:01"}
+        cell.metadata["papermill"] = {"duration": 0.5, "status": "completed"}
+    nb.cells = [params, injected, body]
+    return nb
+
+
+def test_normalize_strips_run_dependent_metadata():
+    nb = normalize(executed_like_papermill(), "published")
+    assert "papermill" not in nb.metadata
+    for cell in nb.cells:
+        assert "execution" not in cell.metadata and "papermill" not in cell.metadata
+    assert nb.cells[1]["id"] == "injected-parameters"
+
+
+def test_normalize_shows_parameters_in_force_once():
+    own, injected, _ = normalize(executed_like_papermill(), "quick").cells
+    assert "remove-cell" in own.metadata["tags"]
+    assert injected.source.splitlines() == [
+        "# Parameters in force (profile: quick; from data/params.yaml)", "seed = 2"]
+    assert "remove-cell" not in injected.metadata["tags"]
+
+
+def test_normalize_is_idempotent():
+    once = nbformat.writes(normalize(executed_like_papermill(), "published"))
+    twice = nbformat.writes(normalize(nbformat.reads(once, 4), "published"))
+    assert once == twice
+
+
+def write_table(folder, name, text, **meta):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.csv").write_text(text)
+    (folder / f"{name}.meta.yaml").write_text(yaml.safe_dump({"profile": "published", **meta}))
+    return folder / f"{name}.csv"
+
+
+def test_compare_table_within_and_beyond_tolerance(tmp_path):
+    committed = write_table(tmp_path / "ref", "t", "model,err\nssm,1.0\nattn,2.0\n",
+                            rtol=1e-3, atol=0.0)
+    close = write_table(tmp_path / "a", "t", "model,err\nssm,1.0005\nattn,2.0\n")
+    far = write_table(tmp_path / "b", "t", "model,err\nssm,1.01\nattn,2.0\n")
+    assert compare_table(close, committed, "t.csv") == []
+    [problem] = compare_table(far, committed, "t.csv")
+    assert "[model=ssm] err: committed 1.0, this build 1.01" in problem
+
+
+def test_compare_table_per_column_tolerance_and_structure(tmp_path):
+    committed = write_table(tmp_path / "ref", "t", "k,err\n1,1e-15\n", rtol=0.0, atol=0.0,
+                            columns={"err": {"atol": 1e-12}})
+    assert compare_table(write_table(tmp_path / "a", "t", "k,err\n1,3e-15\n"), committed, "t") == []
+    assert "columns differ" in compare_table(
+        write_table(tmp_path / "b", "t", "k,error\n1,1e-15\n"), committed, "t")[0]
+    assert "rows" in compare_table(
+        write_table(tmp_path / "c", "t", "k,err\n1,1e-15\n2,0\n"), committed, "t")[0]
+
+
+def test_external_resources_found_and_local_ones_allowed():
+    page = """
+    <link rel="stylesheet" href="_static/theme.css">
+    <link rel="stylesheet" href="https://cdn.example.org/x.css">
+    <link rel="canonical" href="https://example.org/page.html">
+    <script src="_static/mathjax/tex-chtml.js"></script>
+    <script src="//cdn.example.org/mathjax.js"></script>
+    <img src="data:image/png;base64,AAAA"><img src="http://example.org/a.png">
+    <a href="https://example.org">a plain link is not a request</a>
+    <style>@import 'https://fonts.example.org/f.css';</style>
+    """
+    found = external_resources(page)
+    assert len(found) == 4
+    assert any("x.css" in f for f in found) and any("mathjax.js" in f for f in found)
+    assert any("a.png" in f for f in found) and any("fonts.example.org" in f for f in found)
+
+
+def test_typeset_counts():
+    dom = "<mjx-container><mjx-merror></mjx-merror></mjx-container><mjx-container>"
+    assert typeset_counts(dom) == (2, 1)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({NOTEBOOK: {"published": {"scale": 1}}}, "need a 'seed'"),
+    ({NOTEBOOK: {"published": {"seed": 0}, "quick": {"n": 2}}}, "does not define"),
+    ({NOTEBOOK: {"published": {"seed": 0}, "publish": {}}}, "unknown keys"),
+    ({}, "no entry for"),
+    ({NOTEBOOK: {"published": {"seed": 0}}, "chapters/gone.ipynb": {"published": {"seed": 0}}},
+     "not in _toc.yml"),
+])
+def test_params_validation_names_the_problem(fixture_book, params, message):
+    fixture_book.params_path.write_text(yaml.safe_dump(params))
+    with pytest.raises(BookError, match=message):
+        Book(fixture_book.root).check_params_cover_toc()
+
+
+def test_quick_profile_overrides_published(fixture_book):
+    assert fixture_book.parameters(NOTEBOOK, "published") == {"seed": 3, "scale": 2.0}
+    assert fixture_book.parameters(NOTEBOOK, "quick") == {"seed": 3, "scale": 1.0}
+    with pytest.raises(BookError, match="profile must be one of"):
+        fixture_book.parameters(NOTEBOOK, "fast")
