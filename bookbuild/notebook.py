@@ -82,16 +82,20 @@ class NotebookRun:
         """Add the provenance footer to ``fig``, save it as ``<name>.png``; return ``fig``.
 
         The footer names the notebook, the parameters in force (seed included) and the
-        commit, so a figure taken out of the book still says where it came from.
+        commit, so a figure taken out of the book still says where it came from. The figure
+        is laid out with matplotlib's constrained layout in the area above the footer.
         """
+        from matplotlib.layout_engine import ConstrainedLayoutEngine
+
         _check_name(name)
         width_chars = max(60, int(fig.get_figwidth() * 15))
         lines = textwrap.wrap(self.provenance(), width_chars)
-        footer_in = 0.17 * len(lines) + 0.08
-        height = fig.get_figheight()
-        fig.set_figheight(height + footer_in)
-        fig.subplots_adjust(bottom=min(0.5, (footer_in + 0.45) / (height + footer_in)))
-        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="0.35", ha="left",
+        footer_in = 0.13 * len(lines) + 0.1
+        height = fig.get_figheight() + footer_in
+        fig.set_figheight(height)
+        fraction = footer_in / height
+        fig.set_layout_engine(ConstrainedLayoutEngine(rect=(0, fraction, 1, 1 - fraction)))
+        fig.text(0.01, 0.02 * fraction, "\n".join(lines), fontsize=7, color="0.35", ha="left",
                  va="bottom", family="monospace")
         path = self.output_dir / "figures" / self.chapter / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,13 +133,15 @@ class NotebookRun:
         (folder / f"{name}.meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
         return df
 
-    def glue(self, key: str, value, display: bool = False):
-        """Glue ``value`` under ``key`` for the prose (``{glue:text}`nb.ipynb::key:fmt```)."""
+    def glue(self, key: str, value) -> None:
+        """Glue ``value`` under ``key`` for the prose: ``{glue:text}`nb.ipynb::key:fmt```.
+
+        Returns None so that a glue on a cell's last line adds nothing to the page.
+        """
         from myst_nb import glue as myst_glue
 
         self.glued[key] = value
-        myst_glue(key, value, display=display)
-        return value
+        myst_glue(key, value, display=False)
 
     # --- progress -----------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -188,6 +194,7 @@ def set_style() -> None:
         "figure.dpi": FIGURE_DPI,
         "savefig.dpi": FIGURE_DPI,
         "figure.figsize": (7.0, 4.0),
+        "figure.constrained_layout.use": True,
         "axes.titlesize": "medium",
     })
 
