@@ -1,0 +1,141 @@
+"""Operator spans and interaction rank ({prf:ref}`def-operator-span`).
+
+The operator span of a set of blocks {M_1..M_m} ⊂ ℝ^{p×d} is the subspace they
+span in ℝ^{p×d}; the interaction rank of a model is the dimension of the span of
+all its blocks 𝒲_ij(X).  Numerically: stack vec(M_k) as the rows of an m × pd
+matrix; its singular values σ_1 ≥ σ_2 ≥ … measure how far the set is from lower
+dimensional spans (Eckart–Young), and the numerical dimension is
+#{r : σ_r > rtol · σ_1}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from ._validation import as_real_tensor, as_sequence, check_rtol
+
+__all__ = ["OperatorSpan", "operator_span", "interaction_span", "interaction_rank"]
+
+
+@dataclass(frozen=True)
+class OperatorSpan:
+    """The numerical span of a set of p × d operators.
+
+    Attributes:
+        dim: number of singular values > rtol · largest (0 if all operators are zero).
+        singular_values: all singular values of the stacked operators, descending,
+            shape (min(m, pd),).
+        basis: orthonormal basis of the span in the Frobenius inner product
+            ⟨M, M'⟩ = trace(Mᵀ M'), shape (dim, p, d).
+        rtol: the relative tolerance used for `dim`.
+    """
+
+    dim: int
+    singular_values: np.ndarray
+    basis: np.ndarray
+    rtol: float
+
+    def coefficients(self, ops: Any) -> np.ndarray:
+        """Coordinates ⟨basis_r, M_k⟩ of operators in the basis, shape (m, dim)."""
+        p, d = self.basis.shape[1:]
+        return _as_ops(ops, (p, d)).reshape(-1, p * d) @ self.basis.reshape(self.dim, p * d).T
+
+    def project(self, ops: Any) -> np.ndarray:
+        """Orthogonal projections of operators onto the span, shape (m, p, d)."""
+        return np.einsum("mr,rpd->mpd", self.coefficients(ops), self.basis)
+
+    def residual(self, ops: Any) -> np.ndarray:
+        """Frobenius distance of each operator from the span, shape (m,)."""
+        ops = _as_ops(ops, self.basis.shape[1:])
+        return np.linalg.norm((ops - self.project(ops)).reshape(len(ops), -1), axis=1)
+
+
+def _as_ops(ops: Any, block: tuple[int, int] | None = None) -> np.ndarray:
+    # Validate operators of shape (m, p, d) (matching `block` if given) as a float64 numpy array.
+    tensor, _ = as_real_tensor(ops, "ops")
+    if tensor.ndim != 3 or min(tensor.shape) < 1 or (block is not None and tuple(tensor.shape[1:]) != tuple(block)):
+        expected = "(m, p, d)" if block is None else f"(m, {block[0]}, {block[1]})"
+        raise ValueError(f"ops must have shape {expected} with m >= 1; got {tuple(tensor.shape)}")
+    return tensor.detach().cpu().to(torch.float64).numpy()
+
+
+def operator_span(ops: Any, rtol: float = 1e-10) -> OperatorSpan:
+    """The span of operators M_1..M_m ∈ ℝ^{p×d} ({prf:ref}`def-operator-span`).
+
+    Args:
+        ops: operators, shape (m, p, d); numpy array or torch tensor (computed in float64).
+        rtol: singular values > rtol · largest count towards `dim`; 0 < rtol < 1.
+
+    Returns:
+        OperatorSpan with dim, singular_values (shape (min(m, pd),)), basis (shape (dim, p, d)).
+    """
+    rtol = check_rtol(rtol)
+    ops = _as_ops(ops)
+    m, p, d = ops.shape
+    _, sigma, rows = np.linalg.svd(ops.reshape(m, p * d), full_matrices=False)
+    dim = int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+    return OperatorSpan(dim=dim, singular_values=sigma, basis=rows[:dim].reshape(dim, p, d), rtol=rtol)
+
+
+def interaction_span(model: Any, inputs: Any, rtol: float = 1e-10) -> OperatorSpan:
+    """The span of all blocks 𝒲_ij(X) of a model over the given inputs.
+
+    For causal models only the blocks with j ≤ i are collected (the others are 0).
+    The stacked blocks are compressed input by input with QR (which keeps the
+    singular values), so many or long inputs need little memory.
+
+    Args:
+        model: a SequenceMap (anything with `.operator(X)`, `.d`, `.causal`).
+        inputs: one sequence (n, d), a batch (b, n, d), or an iterable of (n, d)
+            sequences (lengths may differ).
+        rtol: as in `operator_span`.
+
+    Returns:
+        OperatorSpan of the blocks; singular_values has length min(#blocks, pd).
+    """
+    rtol = check_rtol(rtol)
+    stacked = None
+    for X in _sequences(inputs, model.d):
+        W = torch.as_tensor(model.operator(X)).detach().to(torch.float64)
+        n = W.shape[0]
+        rows, cols = torch.tril_indices(n, n) if getattr(model, "causal", False) else torch.ones(n, n).nonzero().T
+        blocks = W[rows, cols].reshape(len(rows), -1)
+        stacked = blocks if stacked is None else torch.cat([stacked, blocks])
+        if stacked.shape[0] > stacked.shape[1]:
+            stacked = torch.linalg.qr(stacked, mode="r").R
+    return operator_span(stacked.reshape(-1, model.p, model.d), rtol=rtol)
+
+
+def interaction_rank(model: Any, inputs: Any, rtol: float = 1e-10) -> int:
+    """Interaction rank: dim span{𝒲_ij(X) : i, j, X in inputs} ({prf:ref}`def-operator-span`).
+
+    Args: as in `interaction_span`.
+
+    Returns:
+        The numerical dimension (an int between 0 and p·d).
+    """
+    return interaction_span(model, inputs, rtol).dim
+
+
+def _sequences(inputs: Any, d: int) -> Iterable[torch.Tensor]:
+    # One (n, d) tensor at a time from a sequence, a batch or an iterable of sequences.
+    if isinstance(inputs, (np.ndarray, torch.Tensor)):
+        batch, _, _ = as_sequence(inputs, d, dtype=None, name="inputs")
+        yield from batch.unbind(0)
+        return
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+        raise TypeError("inputs must be an array (n, d) or (b, n, d), or an iterable of (n, d) arrays; "
+                        f"got {type(inputs).__name__}")
+    count = 0
+    for k, X in enumerate(inputs):
+        sequence, batched, _ = as_sequence(X, d, dtype=None, name=f"inputs[{k}]")
+        if batched:
+            raise ValueError(f"inputs[{k}] must have shape (n, {d}); got {tuple(np.shape(X))}")
+        count += 1
+        yield sequence[0]
+    if count == 0:
+        raise ValueError("inputs must contain at least one sequence")

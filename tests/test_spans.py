@@ -1,0 +1,128 @@
+"""Operator spans and interaction rank (lib.spans)."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib import Dense, LinearSSM, OperatorSpan, SoftmaxAttention, interaction_rank, interaction_span, operator_span
+
+
+def random_rank_r(rng, m, p, d, r):
+    """m operators drawn from a random r-dimensional subspace of ℝ^{p×d}."""
+    basis = rng.standard_normal((r, p, d))
+    return np.einsum("mr,rpd->mpd", rng.standard_normal((m, r)), basis)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(1, 4), d=st.integers(1, 4), data=st.data(), seed=st.integers(0, 9999))
+def test_def_operator_span_dim_of_random_rank_r_sets(p, d, data, seed):
+    r = data.draw(st.integers(0, p * d))
+    m = data.draw(st.integers(max(r, 1), 3 * p * d))
+    ops = random_rank_r(np.random.default_rng(seed), m, p, d, r)
+    span = operator_span(ops)
+    assert span.dim == r
+    assert span.singular_values.shape == (min(m, p * d),)
+    assert span.basis.shape == (r, p, d)
+    np.testing.assert_allclose(span.singular_values, np.linalg.svd(ops.reshape(m, -1), compute_uv=False),
+                               rtol=1e-12, atol=1e-12)
+    # Orthonormal in the Frobenius inner product, and spanning every operator.
+    gram = np.einsum("apd,bpd->ab", span.basis, span.basis)
+    np.testing.assert_allclose(gram, np.eye(r), atol=1e-12)
+    np.testing.assert_allclose(span.project(ops), ops, atol=1e-10 * max(1, np.abs(ops).max()))
+
+
+def test_zero_duplicated_and_scaled_operators():
+    rng = np.random.default_rng(0)
+    assert operator_span(np.zeros((5, 2, 3))).dim == 0
+    assert operator_span(np.zeros((5, 2, 3))).basis.shape == (0, 2, 3)
+    V = rng.standard_normal((2, 3))
+    assert operator_span(np.stack([V, V, -2 * V, 1e-3 * V])).dim == 1
+    W = rng.standard_normal((2, 3))
+    assert operator_span(np.stack([V, W, V + W, 3 * V - W])).dim == 2
+    assert operator_span(torch.tensor(np.stack([V, W]))).dim == 2  # torch accepted
+    assert operator_span(np.stack([V, W]).astype(np.float32)).dim == 2
+
+
+def test_tolerance_behaviour():
+    rng = np.random.default_rng(1)
+    V, E = rng.standard_normal((2, 3, 3))
+    V /= np.linalg.norm(V)
+    E -= np.sum(E * V) * V  # orthogonal to V
+    E *= 1e-12 / np.linalg.norm(E)
+    ops = np.stack([V, V + E, 2 * V])
+    assert operator_span(ops, rtol=1e-10).dim == 1
+    assert operator_span(ops, rtol=1e-14).dim == 2
+    assert operator_span(ops).singular_values[1] == pytest.approx(np.linalg.svd(ops.reshape(3, -1), compute_uv=False)[1],
+                                                                  rel=1e-3)
+
+
+def test_span_helpers():
+    rng = np.random.default_rng(2)
+    V = rng.standard_normal((2, 2, 2))
+    span = operator_span(V)
+    assert isinstance(span, OperatorSpan) and span.rtol == 1e-10
+    outside = rng.standard_normal((3, 2, 2))
+    residual = outside - span.project(outside)
+    np.testing.assert_allclose(span.residual(outside), np.linalg.norm(residual.reshape(3, -1), axis=1), rtol=1e-12)
+    # The residual is orthogonal to the span.
+    np.testing.assert_allclose(np.einsum("mpd,rpd->mr", residual, span.basis), 0, atol=1e-12)
+    np.testing.assert_allclose(span.coefficients(V) @ span.basis.reshape(2, -1), V.reshape(2, -1), atol=1e-12)
+    with pytest.raises(AttributeError):
+        span.dim = 5  # frozen
+
+
+@pytest.mark.parametrize("rtol", [0, 1, -1e-3, 2.0, float("nan")])
+def test_rtol_is_validated(rtol):
+    with pytest.raises(ValueError, match="rtol must"):
+        operator_span(np.ones((2, 2, 2)), rtol=rtol)
+
+
+@pytest.mark.parametrize("ops,error,match", [
+    (np.ones((2, 2)), ValueError, r"ops must have shape \(m, p, d\)"),
+    (np.ones((0, 2, 2)), ValueError, r"ops must have shape \(m, p, d\) with m >= 1"),
+    (np.full((2, 2, 2), np.nan), ValueError, "ops must be finite"),
+    (np.ones((2, 2, 2), dtype=complex), TypeError, "ops must have a real floating dtype"),
+    ("ops", TypeError, "ops must be a numpy array or torch tensor"),
+])
+def test_ops_are_validated(ops, error, match):
+    with pytest.raises(error, match=match):
+        operator_span(ops)
+
+
+def test_interaction_rank_inputs_forms():
+    rng = np.random.default_rng(3)
+    model = SoftmaxAttention.random(3, 3, heads=2, seed=0)
+    batch = rng.standard_normal((3, 6, 3))
+    assert interaction_rank(model, batch) == 2
+    assert interaction_rank(model, batch[0]) == 2
+    assert interaction_rank(model, [batch[0], rng.standard_normal((9, 3))]) == 2  # lengths may differ
+    assert interaction_rank(model, (x for x in batch)) == 2
+    assert interaction_rank(model, torch.tensor(batch)) == 2
+    span = interaction_span(LinearSSM.random(3, 2, 2, seed=0), batch[:, :, :2])
+    assert span.dim == 3 and span.singular_values.shape == (4,)
+    with pytest.raises(ValueError, match=r"inputs must have shape \(n, 3\) or \(b, n, 3\)"):
+        interaction_rank(model, rng.standard_normal((6, 2)))
+    with pytest.raises(ValueError, match=r"inputs\[1\] must have shape \(n, 3\)"):
+        interaction_rank(model, [batch[0], batch[1, :, :2]])
+    with pytest.raises(ValueError, match="inputs must contain at least one sequence"):
+        interaction_rank(model, [])
+    with pytest.raises(TypeError, match="inputs must be an array"):
+        interaction_rank(model, 3)
+    with pytest.raises(ValueError, match="rtol must"):
+        interaction_rank(model, batch, rtol=0)
+
+
+def test_interaction_rank_many_inputs_is_compressed_exactly():
+    # 50 sequences of length 12: 3900 blocks, compressed to pd rows on the way.
+    rng = np.random.default_rng(4)
+    model = SoftmaxAttention.random(2, 2, heads=3, seed=1)
+    X = rng.standard_normal((50, 12, 2))
+    span = interaction_span(model, X)
+    W = model.operator(X)
+    blocks = W[:, *np.tril_indices(12)].reshape(-1, 4)
+    np.testing.assert_allclose(span.singular_values, np.linalg.svd(blocks, compute_uv=False), rtol=1e-10,
+                               atol=1e-14 * span.singular_values[0])
+    assert span.dim == 3
+    assert interaction_rank(Dense.random(2, 2), X) == 1
