@@ -16,6 +16,12 @@ from .recurrent import ElmanRNN
 from .spans import OperatorSpan, interaction_rank, interaction_span, operator_span
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .zoo import Architecture, architecture_zoo
+from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matrix, min_heads,
+                    optimal_head_errors, population_error, s4d_ssm, truncated_heads)
+from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
+from .gradients import (DecayBound, DecayFit, fit_decay_rate, jacobian_norms, lag_norms, one_hop,
+                        planted_key_input, ssm_decay_bound, with_constant_step)
+from .stacks import Stack
 
 __all__ = [
     # the unified form
@@ -48,4 +54,32 @@ __all__ = [
     # the framework chapter's architectures
     "Architecture",
     "architecture_zoo",
+    # heads (rank gap, head count)
+    "lag_matrix",
+    "min_heads",
+    "heads_from_ssm",
+    "optimal_head_errors",
+    "truncated_heads",
+    "heads_needed",
+    "population_error",
+    "TokenDependentHeads",
+    "s4d_ssm",
+    # training students
+    "FactorizedStudent",
+    "SoftmaxStudent",
+    "TrainResult",
+    "train",
+    "train_factorized",
+    "held_out_error",
+    # gradients (gradient highway)
+    "jacobian_norms",
+    "lag_norms",
+    "DecayBound",
+    "ssm_decay_bound",
+    "DecayFit",
+    "fit_decay_rate",
+    "planted_key_input",
+    "one_hop",
+    "with_constant_step",
+    "Stack",
 ]

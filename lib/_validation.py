@@ -64,7 +64,8 @@ def _as_tensor(value: Any, name: str) -> tuple[torch.Tensor, bool]:
         raise TypeError(f"{name} could not be converted to an array: {error}") from None
     if array.dtype.kind != "f":
         raise TypeError(f"{name} must have a real floating dtype; got {array.dtype}")
-    return torch.tensor(array), False
+    # np.ascontiguousarray: torch cannot wrap negative strides (e.g. X[::-1]).
+    return torch.tensor(np.ascontiguousarray(array)), False
 
 
 def _check_finite(tensor: torch.Tensor, name: str) -> None:
@@ -86,36 +87,40 @@ def as_real_tensor(value: Any, name: str, *, dtype: torch.dtype | None = None) -
     return tensor, was_torch
 
 
-def check_shape(tensor: torch.Tensor, name: str, shape: tuple, dims: dict[str, int] | None = None) -> dict[str, int]:
+def check_shape(tensor: torch.Tensor, name: str, shape: tuple, dims: dict[str, int] | None = None,
+                *, may_be_empty: tuple[str, ...] = ()) -> dict[str, int]:
     """Check `tensor.shape` against a spec of ints and symbols, binding symbols in `dims`.
 
     Example: ``check_shape(B, "B", ("N", "d"), {"N": 4})`` binds d from B and, for
     a B of shape (3, 2), raises ``ValueError: B must have shape (N, d) = (4, 2); got (3, 2)``.
-    Every size must be >= 1.
+    Every size must be >= 1, except the symbols named in `may_be_empty` (e.g. a head
+    count H = 0), which may be 0.
     """
     dims = {} if dims is None else dims
     spec = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
     got = tuple(tensor.shape)
     if len(got) == len(shape):
         for symbol, size in zip(shape, got):
-            if isinstance(symbol, str) and symbol not in dims and size >= 1:
+            if isinstance(symbol, str) and symbol not in dims and (size >= 1 or symbol in may_be_empty):
                 dims[symbol] = size
     sizes = tuple(dims.get(s, s) if isinstance(s, str) else s for s in shape)
     expected = f"{spec} = {sizes}" if all(isinstance(s, int) for s in sizes) and sizes != shape else spec
-    if len(got) == len(shape) and min(got, default=1) < 1:
-        raise ValueError(f"{name} must have shape {spec} with all sizes >= 1; got {got}")
+    if len(got) == len(shape) and any(size < 1 and symbol not in may_be_empty for symbol, size in zip(shape, got)):
+        allowed = f" (except {', '.join(may_be_empty)})" if may_be_empty else ""
+        raise ValueError(f"{name} must have shape {spec} with all sizes >= 1{allowed}; got {got}")
     if got != sizes:
         raise ValueError(f"{name} must have shape {expected}; got {got}")
     return dims
 
 
-def as_parameter(value: Any, name: str, shape: tuple, dims: dict[str, int], *, dtype: torch.dtype) -> torch.Tensor:
+def as_parameter(value: Any, name: str, shape: tuple, dims: dict[str, int], *, dtype: torch.dtype,
+                 may_be_empty: tuple[str, ...] = ()) -> torch.Tensor:
     """A model parameter: finite, real, of the symbolic `shape`, cast to `dtype`.
 
     Torch tensors are used as given (not copied), so gradients can flow into them.
     """
     tensor, _ = _as_tensor(value, name)
-    check_shape(tensor, name, shape, dims)
+    check_shape(tensor, name, shape, dims, may_be_empty=may_be_empty)
     _check_finite(tensor, name)
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 

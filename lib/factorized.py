@@ -54,7 +54,7 @@ class RelativeHeads(SequenceMap):
     the level of rounding, ~1e-16 relative).
 
     Args:
-        V: value maps V_1..V_H, shape (H, p, d).
+        V: value maps V_1..V_H, shape (H, p, d); H = 0 gives the zero map.
         coefficients: c, shape (H, n_max); c[h, ℓ] is head h's weight at lag ℓ.
             Sequences longer than n_max are rejected (ValueError).
         dtype: computation dtype (default float64).
@@ -65,8 +65,10 @@ class RelativeHeads(SequenceMap):
     def __init__(self, V: Any, coefficients: Any, *, dtype: Any = torch.float64) -> None:
         dtype = resolve_dtype(dtype)
         dims: dict[str, int] = {}
-        self._V = as_parameter(V, "V", ("H", "p", "d"), dims, dtype=dtype)
-        self._c = as_parameter(coefficients, "coefficients", ("H", "n_max"), dims, dtype=dtype)
+        # H = 0 is allowed: the model with no heads (𝒲 = 0), e.g. for an SSM whose lags all vanish.
+        self._V = as_parameter(V, "V", ("H", "p", "d"), dims, dtype=dtype, may_be_empty=("H",))
+        self._c = as_parameter(coefficients, "coefficients", ("H", "n_max"), dims, dtype=dtype,
+                               may_be_empty=("H",))
         self.H = dims["H"]
         self.max_length = dims["n_max"]
         super().__init__(dims["d"], dims["p"], dtype)
@@ -96,6 +98,8 @@ class RelativeHeads(SequenceMap):
         return self.V
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.H == 0:
+            return X.new_zeros(*X.shape[:2], self.p)
         projected = torch.einsum("hpd,bnd->bnhp", self._V, X)  # V_h x_j
         n = X.shape[1]
         if n > self._DIRECT_UP_TO:

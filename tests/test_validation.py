@@ -82,3 +82,12 @@ def test_parameters_are_returned_as_independent_numpy_copies():
 def test_public_names():
     for name in lib.__all__:
         assert hasattr(lib, name)
+
+
+def test_reversed_numpy_views_are_accepted():
+    # Negative strides (X[::-1]) are copied, not rejected by torch.
+    from lib import LinearSSM
+
+    model = LinearSSM.random(3, 2, 2, seed=1)
+    X = np.random.default_rng(0).standard_normal((6, 2))
+    np.testing.assert_allclose(model(X[::-1]), model(X[::-1].copy()), rtol=0, atol=0)

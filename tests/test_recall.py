@@ -1,0 +1,105 @@
+"""The delayed-recall task and its trainable models (lib.recall)."""
+
+import numpy as np
+import pytest
+import torch
+
+from lib import LinearSSM, SoftmaxAttention
+from lib.recall import (RecallAttention, RecallHybrid, RecallResult, RecallSSM, RecallTask, recall_model,
+                        recall_sweep, train_recall)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (10x on a busy machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_task_places_the_class_token_D_before_the_end():
+    task = RecallTask(5, classes=4, noise=0.3, lead=2)
+    assert task.length == 8
+    X, y = task.sample(500, torch.Generator().manual_seed(0))
+    assert X.shape == (500, 8, 4) and X.dtype == torch.float64 and y.shape == (500,)
+    position = task.length - 1 - task.distance
+    assert position == task.lead
+    np.testing.assert_array_equal(X[:, position].numpy(), np.eye(4)[y.numpy()])
+    background = torch.cat([X[:, :position], X[:, position + 1:]], 1)
+    assert background.std().item() == pytest.approx(0.3, rel=0.05)
+    assert set(y.tolist()) == {0, 1, 2, 3}
+    X2, y2 = task.sample(500, torch.Generator().manual_seed(0))
+    assert torch.equal(X, X2) and torch.equal(y, y2)
+
+
+def test_ssm_model_is_a_stable_lib_linear_ssm_read_at_the_end():
+    model = RecallSSM(4, state_size=6, seed=0)
+    radii = np.abs(np.linalg.eigvals(model.state_matrix().detach().numpy()))
+    assert np.all((0.85 <= radii) & (radii <= 0.95))
+    with torch.no_grad():
+        model.logit_radius.fill_(40.0)  # any parameter value stays inside the unit disk
+    assert np.abs(np.linalg.eigvals(model.state_matrix().detach().numpy())).max() <= 1.0
+    model = RecallSSM(4, state_size=6, seed=1)
+    X = torch.randn(3, 9, 4, dtype=torch.float64)
+    reference = LinearSSM(model.state_matrix().detach(), model.B.detach(), model.C.detach())(X, method="recurrence")
+    np.testing.assert_allclose(model(X).detach().numpy(), reference[:, -1].numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(model.sequence(X).detach().numpy(), reference.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_attention_and_hybrid_models_match_lib_forward_at_the_end():
+    X = torch.randn(3, 9, 4, dtype=torch.float64)
+    attention = RecallAttention(4, max_length=12, seed=0)
+    with torch.no_grad():
+        attention.position_bias.copy_(torch.randn(1, 12, dtype=torch.float64))
+    layer = SoftmaxAttention(*(w.detach() for w in (attention.W_Q, attention.W_K, attention.W_V, attention.W_O)),
+                             position_bias=attention.position_bias.detach())
+    np.testing.assert_allclose(attention(X).detach().numpy(), layer(X)[:, -1].numpy(), rtol=1e-12, atol=1e-14)
+    hybrid = RecallHybrid(4, max_length=12, state_size=4, seed=0)
+    Z = X + hybrid.ssm_layer.ssm()(X, method="recurrence")
+    expected = hybrid.attention_layer.attention()(Z)[:, -1]
+    np.testing.assert_allclose(hybrid(X).detach().numpy(), expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_train_recall_is_deterministic_and_learns_an_easy_case():
+    task = RecallTask(3, classes=4, noise=0.3)
+    runs = [train_recall(recall_model(kind, task, seed=5), task, steps=4, seed=1, test_size=32, kind=kind)
+            for kind in ("ssm", "ssm", "hybrid", "hybrid")]
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    other = train_recall(recall_model("ssm", task, seed=5), task, steps=4, seed=2, test_size=32)
+    assert other != runs[0]
+    learned = train_recall(recall_model("attention", task, seed=0), task, steps=60, seed=0, test_size=128)
+    assert isinstance(learned, RecallResult)
+    assert learned.accuracy >= 0.9 and learned.loss < 0.5
+    assert (learned.distance, learned.steps, learned.seed) == (3, 60, 0)
+    sgd = train_recall(recall_model("ssm", task, seed=0), task, steps=3, optimizer="sgd", lr=0.1, test_size=16)
+    assert 0 <= sgd.accuracy <= 1
+
+
+def test_recall_sweep_order_and_progress():
+    lines = []
+    results = recall_sweep(distances=(1, 2), kinds=("attention", "ssm"), seeds=(0,), steps=2, classes=3,
+                           progress=lines.append)
+    assert [(r.kind, r.distance) for r in results] == [("attention", 1), ("attention", 2), ("ssm", 1), ("ssm", 2)]
+    assert len(lines) == 4 and lines[0].startswith("recall attention")
+
+
+def test_recall_validation():
+    with pytest.raises(ValueError, match="distance must be >= 0"):
+        RecallTask(-1)
+    with pytest.raises(ValueError, match="classes must be >= 2"):
+        RecallTask(3, classes=1)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        RecallTask(3).sample(2, 0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        recall_model("rnn", RecallTask(3))
+    with pytest.raises(ValueError, match="state_size must be even"):
+        RecallSSM(4, state_size=5)
+    with pytest.raises(ValueError, match="radius must satisfy"):
+        RecallSSM(4, radius=(0.5, 1.0))
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        train_recall(recall_model("ssm", RecallTask(2)), 2, steps=1, optimizer="lbfgs")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        train_recall(LinearSSM.random(2, 2, 2), 2)
+    with pytest.raises(TypeError, match="task must be a RecallTask"):
+        train_recall(recall_model("ssm", RecallTask(2)), "2")

@@ -1,0 +1,156 @@
+"""Stacks: operator = product of the layers' operators, gradient paths through hybrids (lib.stacks)."""
+
+from math import comb
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
+                 RelativeHeads, SelectiveSSM, SoftmaxAttention, apply_operator, identity_error)
+from lib.gradients import jacobian_norms, planted_key_input
+from lib.stacks import Stack
+
+FAST = settings(max_examples=20, deadline=None)
+
+# d → d layers (d = 3) to compose.
+LAYERS = [
+    lambda s: LinearSSM.random(3, 3, 3, seed=s),
+    lambda s: SelectiveSSM.random(3, 2, seed=s),
+    lambda s: SSD.random(3, 3, N=2, seed=s),
+    lambda s: SoftmaxAttention.random(3, 3, heads=1, seed=s),
+    lambda s: LinearAttention.random(3, 3, seed=s),
+    lambda s: ElmanRNN.random(3, 3, 3, seed=s),
+    lambda s: FeedForward.random(3, 3, seed=s),
+    lambda s: Dense.random(3, 3, seed=s),
+    lambda s: CausalConv1d.random(3, 3, seed=s),
+    lambda s: KANLayer.random(3, 3, seed=s),
+    lambda s: RelativeHeads.random(2, 8, 3, 3, seed=s),
+]
+
+
+def product_of_layer_operators(stack, X):
+    """Π_k (I +) 𝒲ᵏ(Z_{k−1}) as (n·p) × (n·d) matrices, each layer evaluated with numpy calls."""
+    n, Z, M = len(X), X, np.eye(len(X) * X.shape[1])
+    for layer in stack.layers:
+        W = layer.operator(Z)  # (n, n, p, d)
+        block = W.transpose(0, 2, 1, 3).reshape(n * layer.p, n * layer.d)
+        out = layer(Z)
+        if stack.residual:
+            block, Z = block + np.eye(n * layer.d), Z + out
+        else:
+            Z = out
+        M = block @ M
+    return M.reshape(n, stack.p, n, stack.d).transpose(0, 2, 1, 3)
+
+
+@FAST
+@given(kinds=st.lists(st.integers(0, len(LAYERS) - 1), min_size=1, max_size=3), residual=st.booleans(),
+       n=st.integers(1, 6), batched=st.booleans(), seed=st.integers(0, 999))
+def test_stack_operator_is_the_product_of_layer_operators_and_obeys_the_identity(kinds, residual, n, batched, seed):
+    stack = Stack([LAYERS[k](seed + m) for m, k in enumerate(kinds)], residual=residual)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((2, n, 3) if batched else (n, 3))
+    assert identity_error(stack, X) < 1e-11
+    if not batched:
+        np.testing.assert_allclose(stack.operator(X), product_of_layer_operators(stack, X), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(apply_operator(stack.operator(X), X), stack(X), rtol=1e-10, atol=1e-12)
+
+
+def test_stack_forward_is_the_composition():
+    layers = [LinearSSM.random(3, 3, 3, seed=0), FeedForward.random(3, 3, seed=1)]
+    X = np.random.default_rng(0).standard_normal((5, 3))
+    np.testing.assert_allclose(Stack(layers)(X), layers[1](layers[0](X)), rtol=1e-13)
+    Z = X + layers[0](X)
+    np.testing.assert_allclose(Stack(layers, residual=True)(X), Z + layers[1](Z), rtol=1e-13)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 4])
+def test_stacked_scalar_ssms_have_binomial_times_exponential_lags(L):
+    # L copies of s_i = a s_{i−1} + b x_i, y = c s: lags (cb)^L C(ℓ+L−1, L−1) a^ℓ — the
+    # polynomial factor ℓ^{L−1} times the same exponential ρ^ℓ.
+    a, b, c = 0.9, 0.7, 1.3
+    layer = LinearSSM([[a]], [[b]], [[c]])
+    n = 200
+    norms = jacobian_norms(Stack([layer] * L), np.ones((n, 1)), n - 1)[::-1]
+    expected = [abs(c * b) ** L * comb(ell + L - 1, L - 1) * a ** ell for ell in range(n)]
+    np.testing.assert_allclose(norms, expected, rtol=1e-10)
+
+
+def test_stack_of_stable_ssms_decays_but_one_attention_layer_restores_a_path():
+    hybrid = Stack.hybrid(4, 4, attention_every=4, state_size=6, spectral_radius=0.9, seed=0)
+    attention = hybrid.layers[0]
+    assert isinstance(attention, SoftmaxAttention)
+    ssm_only = Stack(hybrid.layers[1:], residual=True)  # the same SSM layers without attention
+    V = np.linalg.norm(attention.values()[0])
+    n = 512
+    i = n - 1
+    with_attention, without = {}, {}
+    for D in (64, 128, 256, 511):
+        X = planted_key_input(attention, n, i, i - D, strength=30.0, seed=D)
+        with_attention[D] = jacobian_norms(hybrid, X, i)[i - D]
+        without[D] = jacobian_norms(ssm_only, X, i)[::-1]
+    # A distance-independent lower bound through attention.  (Its size varies with the
+    # background: later queries also attend to the large planted key and add SSM-carried paths.)
+    assert min(with_attention.values()) >= 0.5 * V
+    # Exponential (times a polynomial) without it, for these and all other inputs.
+    for D in (256, 511):
+        assert without[D][D] < 1e-6 * without[D][0]
+
+
+def test_hybrid_layout_and_seeding():
+    stack = Stack.hybrid(4, 6, attention_every=3, heads=2, state_size=5, seed=7)
+    kinds = [type(layer).__name__ for layer in stack.layers]
+    assert kinds == ["SoftmaxAttention", "LinearSSM", "LinearSSM"] * 2
+    assert stack.residual and stack.causal and stack.max_length is None
+    assert stack.layers[0].H == 2 and stack.layers[1].N == 5
+    assert abs(np.abs(np.linalg.eigvals(stack.layers[1].A)).max() - 0.9) < 1e-12
+    shifted = Stack.hybrid(4, 6, attention_every=3, offset=1, seed=7)
+    assert [type(layer).__name__ for layer in shifted.layers] == ["LinearSSM", "SoftmaxAttention", "LinearSSM"] * 2
+    again = Stack.hybrid(4, 6, attention_every=3, heads=2, state_size=5, seed=7)
+    X = np.random.default_rng(0).standard_normal((6, 4))
+    np.testing.assert_array_equal(stack(X), again(X))
+    assert not np.allclose(stack.layers[1].A, stack.layers[2].A)  # independent layer streams
+    assert not np.allclose(stack(X), Stack.hybrid(4, 6, attention_every=3, heads=2, state_size=5, seed=8)(X))
+    assert "Stack([SoftmaxAttention" in repr(stack)
+
+
+def test_stack_kinds_flags_and_gradients():
+    limited = Stack([RelativeHeads.random(1, 6, 2, 2), LinearSSM.random(2, 2, 2), RelativeHeads.random(1, 4, 2, 2)])
+    assert limited.max_length == 4 and limited.causal
+    assert not Stack([SoftmaxAttention.random(2, 2, causal=False)]).causal
+    stack = Stack([Dense.random(3, 2), LinearSSM.random(2, 2, 4)])
+    assert (stack.d, stack.p) == (3, 4)
+    X = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    Y = stack(X)
+    assert isinstance(Y, torch.Tensor) and Y.shape == (5, 4)
+    Y.sum().backward()
+    assert X.grad is not None and torch.isfinite(X.grad).all()
+    assert isinstance(stack(X.detach().numpy()), np.ndarray)
+    float32 = Stack([Dense.random(2, 2, dtype=torch.float32)] * 2)
+    assert float32.dtype == torch.float32 and float32(np.ones((3, 2))).dtype == np.float32
+
+
+def test_stack_validation():
+    with pytest.raises(ValueError, match="layers must contain at least one layer"):
+        Stack([])
+    with pytest.raises(TypeError, match="layers must be a sequence"):
+        Stack(Dense.random(2, 2))
+    with pytest.raises(TypeError, match=r"layers\[1\] must be a SequenceMap"):
+        Stack([Dense.random(2, 2), "dense"])
+    with pytest.raises(ValueError, match=r"layers\[1\] must take d = 3"):
+        Stack([Dense.random(2, 3), Dense.random(2, 2)])
+    with pytest.raises(ValueError, match=r"layers\[0\] must have p == d for residual"):
+        Stack([Dense.random(2, 3)], residual=True)
+    with pytest.raises(TypeError, match=r"layers\[1\] must have dtype"):
+        Stack([Dense.random(2, 2), Dense.random(2, 2, dtype=torch.float32)])
+    with pytest.raises(TypeError, match="residual must be a bool"):
+        Stack([Dense.random(2, 2)], residual=1)
+    with pytest.raises(ValueError, match="offset must satisfy"):
+        Stack.hybrid(2, 4, attention_every=2, offset=2)
+    with pytest.raises(ValueError, match="attention_every must be >= 1"):
+        Stack.hybrid(2, 4, attention_every=0)
+    with pytest.raises(ValueError, match="X must have shape"):
+        Stack([Dense.random(2, 2)])(np.zeros((3, 3)))

@@ -1,0 +1,126 @@
+"""Training multi-head students against SSM teachers (lib.training)."""
+
+import numpy as np
+import pytest
+import torch
+
+from lib import LinearSSM, RelativeHeads, SoftmaxAttention, relative_error
+from lib.heads import min_heads, optimal_head_errors
+from lib.training import (
+    FactorizedStudent,
+    SoftmaxStudent,
+    TrainResult,
+    held_out_error,
+    train,
+    train_factorized,
+)
+
+N_SEQ, D = 8, 2
+TEACHER = LinearSSM.random(3, D, D, spectral_radius=0.8, seed=1)   # k = 3 on length 8
+
+
+def test_teacher_has_three_heads():
+    assert min_heads(TEACHER, N_SEQ) == 3
+
+
+def test_factorized_student_is_relative_heads():
+    student = FactorizedStudent(2, N_SEQ, D, D, seed=0)
+    model = student.to_model()
+    assert isinstance(model, RelativeHeads) and model.H == 2 and model.max_length == N_SEQ
+    X = torch.randn(3, N_SEQ, D, dtype=torch.float64)
+    assert relative_error(student(X), model(X)) < 1e-14
+    # Closed-form error: Σ_ℓ (n−ℓ)‖L_ℓ − L̂_ℓ‖²_F, recomputed here from the parameters.
+    L = TEACHER.lags(N_SEQ)
+    L_hat = np.einsum("hl,hpd->lpd", model.coefficients, model.V)
+    expected = sum((N_SEQ - ell) * ((L[ell] - L_hat[ell]) ** 2).sum() for ell in range(N_SEQ))
+    assert student.population_error(TEACHER) == pytest.approx(expected, rel=1e-12)
+
+
+def test_train_loss_is_the_batch_error_of_fresh_gaussian_batches():
+    # One step at a tiny learning rate: the first loss is mean_b Σ_i ‖y_i − ŷ_i‖² on the
+    # first batch drawn from torch.Generator().manual_seed(seed), computed directly here.
+    for student in (FactorizedStudent(2, N_SEQ, D, D, seed=3), SoftmaxStudent(2, N_SEQ, D, D, seed=3)):
+        X = torch.randn(5, N_SEQ, D, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        with torch.no_grad():
+            expected = ((student(X) - TEACHER(X)) ** 2).sum((1, 2)).mean().item()
+        result = train(student, TEACHER, steps=1, batch=5, lr=1e-12, final_lr=1e-12, seed=7)
+        assert result.history.shape == (1,)
+        assert result.history[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_train_is_deterministic():
+    runs = [train(FactorizedStudent(2, N_SEQ, D, D, seed=0), TEACHER, steps=50, seed=4) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0].history, runs[1].history)
+    assert runs[0].error == runs[1].error
+    soft = [train(SoftmaxStudent(1, N_SEQ, D, D, seed=0), TEACHER, steps=20, batch=8, seed=4) for _ in range(2)]
+    np.testing.assert_array_equal(soft[0].history, soft[1].history)
+    other = train(FactorizedStudent(2, N_SEQ, D, D, seed=0), TEACHER, steps=50, seed=5)
+    assert not np.array_equal(runs[0].history, other.history)
+
+
+def test_train_factorized_equals_separate_runs():
+    together = train_factorized([FactorizedStudent(H, N_SEQ, D, D, seed=H) for H in (1, 3)], TEACHER,
+                                steps=100, seed=2)
+    for H, joint in zip((1, 3), together):
+        alone = train(FactorizedStudent(H, N_SEQ, D, D, seed=H), TEACHER, steps=100, seed=2)
+        np.testing.assert_allclose(joint.history, alone.history, rtol=1e-9)
+        assert joint.error == pytest.approx(alone.error, rel=1e-8)
+
+
+def test_trained_students_reach_the_closed_form_optimum():
+    # H >= k: near-exact.  H < k: never below the optimum (a theorem), and close to it.
+    students = [FactorizedStudent(H, N_SEQ, D, D, seed=H) for H in (1, 2, 3, 4)]
+    results = train_factorized(students, TEACHER, steps=1500, seed=0)
+    optimum = optimal_head_errors(TEACHER, N_SEQ, 4)
+    for student, result in zip(students, results):
+        assert isinstance(result, TrainResult)
+        assert result.error == pytest.approx(student.population_error(TEACHER))
+        if student.H >= 3:
+            assert result.error <= 1e-6 * optimum[0]
+        else:
+            assert result.error >= optimum[student.H] * (1 - 1e-9)
+            assert result.error <= 1.05 * optimum[student.H]
+
+
+def test_softmax_student_trains_and_exports():
+    student = SoftmaxStudent(2, N_SEQ, D, D, seed=0)
+    before = student.population_error(TEACHER)
+    lines = []
+    result = train(student, TEACHER, steps=100, batch=16, seed=0, progress=lines.append)
+    assert len(lines) == 10 and "step 100/100" in lines[-1]
+    assert result.error < before and result.error == pytest.approx(student.population_error(TEACHER))
+    model = student.to_model()
+    assert isinstance(model, SoftmaxAttention) and model.H == 2
+    X = torch.randn(4, N_SEQ, D, dtype=torch.float64)
+    assert relative_error(student(X), model(X)) < 1e-14
+    assert held_out_error(TEACHER, TEACHER, N_SEQ, samples=64) == 0.0
+
+
+def test_held_out_error_matches_closed_form_for_relative_heads():
+    model = FactorizedStudent(2, N_SEQ, D, D, seed=1).to_model()
+    closed = FactorizedStudent(2, N_SEQ, D, D, seed=1).population_error(TEACHER)
+    assert held_out_error(TEACHER, model, N_SEQ, samples=8192) == pytest.approx(closed, rel=0.05)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: train(FactorizedStudent(1, N_SEQ, D, D), np.eye(2), steps=1), TypeError, "teacher must be a LinearSSM"),
+    (lambda: train(FactorizedStudent(1, N_SEQ, 3, D), TEACHER, steps=1), ValueError, "student must have d = 2"),
+    (lambda: train(RelativeHeads.random(1, 8, 2, 2), TEACHER, steps=1), TypeError, "student must be"),
+    (lambda: train(FactorizedStudent(1, N_SEQ, D, D), TEACHER, steps=0), ValueError, "steps must be >= 1"),
+    (lambda: train(FactorizedStudent(1, N_SEQ, D, D), TEACHER, batch=1.5), TypeError, "batch must be an integer"),
+    (lambda: train(FactorizedStudent(1, N_SEQ, D, D), TEACHER, lr=0.0), ValueError, "lr must be > 0"),
+    (lambda: train(SoftmaxStudent(1, N_SEQ, D, D), TEACHER, final_lr=-1.0), ValueError, "final_lr must be > 0"),
+    (lambda: train(FactorizedStudent(1, N_SEQ, D, D), TEACHER, progress="print"), TypeError, "progress"),
+    (lambda: train(SoftmaxStudent(1, N_SEQ, D, D), TEACHER, seed=-1), ValueError, "seed must be >= 0"),
+    (lambda: train_factorized([], TEACHER), TypeError, "students"),
+    (lambda: train_factorized([FactorizedStudent(1, 4, D, D), FactorizedStudent(1, 5, D, D)], TEACHER, steps=1),
+     ValueError, "students must share one sequence length"),
+    (lambda: FactorizedStudent(0, N_SEQ, D, D), ValueError, "H must be >= 1"),
+    (lambda: FactorizedStudent(1, 0, D, D), ValueError, "n must be >= 1"),
+    (lambda: SoftmaxStudent(1, N_SEQ, D, D, d_k=0), ValueError, "d_k must be >= 1"),
+    (lambda: held_out_error(TEACHER, TEACHER, N_SEQ, samples=0), ValueError, "samples must be >= 1"),
+    (lambda: held_out_error(TEACHER, RelativeHeads.random(1, 8, 2, 3), N_SEQ), ValueError, "model must map"),
+])
+def test_bad_inputs_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
