@@ -16,8 +16,9 @@ from .recurrent import ElmanRNN
 from .spans import OperatorSpan, interaction_rank, interaction_span, operator_span
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .zoo import Architecture, architecture_zoo
-from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matrix, min_heads,
-                    optimal_head_errors, population_error, s4d_ssm, truncated_heads)
+from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matrix, lag_span_bound, min_heads,
+                    minimal_polynomial_degree, optimal_head_errors, population_error, s4d_ssm,
+                    truncated_heads)
 from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
 from .gradients import (DecayBound, DecayFit, fit_decay_rate, jacobian_norms, lag_norms, one_hop,
                         planted_key_input, ssm_decay_bound, with_constant_step)
@@ -57,6 +58,8 @@ __all__ = [
     # heads (rank gap, head count)
     "lag_matrix",
     "min_heads",
+    "minimal_polynomial_degree",
+    "lag_span_bound",
     "heads_from_ssm",
     "optimal_head_errors",
     "truncated_heads",

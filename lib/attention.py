@@ -168,7 +168,8 @@ class SoftmaxAttention(_MultiHead):
         # Scores of the queries Q (b, H, m, d_k), at positions start..start+m−1, against all keys.
         s = Q @ K.transpose(-1, -2) / math.sqrt(self.d_k)
         if self.causal:
-            lag = torch.arange(start, start + Q.shape[2])[:, None] - torch.arange(K.shape[2])[None, :]
+            lag = (torch.arange(start, start + Q.shape[2], device=Q.device)[:, None]
+                   - torch.arange(K.shape[2], device=K.device)[None, :])
             if self._bias is not None:
                 s = s + self._bias[:, lag.clamp(min=0)]
             s = s.masked_fill(lag < 0, -math.inf)

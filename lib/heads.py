@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._validation import check_choice, check_int, check_real, check_rtol, resolve_dtype
+from ._validation import as_real_tensor, check_choice, check_int, check_real, check_rtol, resolve_dtype
 from .base import SequenceMap
 from .factorized import RelativeHeads, factorized_operator
 from .spans import OperatorSpan, operator_span
@@ -36,6 +36,8 @@ from .ssm import LinearSSM
 __all__ = [
     "lag_matrix",
     "min_heads",
+    "minimal_polynomial_degree",
+    "lag_span_bound",
     "heads_from_ssm",
     "optimal_head_errors",
     "truncated_heads",
@@ -100,6 +102,51 @@ def _row_span(M: np.ndarray, p: int, d: int, rtol: float) -> OperatorSpan:
 
 def _lag_span(ssm: LinearSSM, n: int, rtol: float = 1e-10, weighted: bool = False) -> OperatorSpan:
     return _row_span(lag_matrix(ssm, n, weighted), ssm.p, ssm.d, rtol)
+
+
+def minimal_polynomial_degree(A: Any, rtol: float = 1e-10) -> int:
+    """Degree m_A of the minimal polynomial of a square matrix A (numerically).
+
+    m_A is the least m such that A^m is a combination of I, A, …, A^{m−1}, i.e. the rank
+    of the Krylov matrix [vec(I), vec(A), …, vec(A^N)] (N + 1 columns of length N²),
+    with the rank rule of `lib.spans.operator_span` (σ > rtol·σ_max).  Used by
+    {prf:ref}`prop-lag-span-bound`: k_n ≤ min(m_A, n, pd).
+
+    Args:
+        A: square matrix, shape (N, N) (numpy array or torch tensor; a LinearSSM's `.A`).
+        rtol: rank tolerance, 0 < rtol < 1.
+
+    Returns:
+        m_A, an int in 1..N (1 also for A = 0, whose minimal polynomial is z).
+    """
+    rtol = check_rtol(rtol)
+    A_t, _ = as_real_tensor(A, "A", dtype=torch.float64)
+    if A_t.ndim != 2 or A_t.shape[0] != A_t.shape[1] or A_t.shape[0] < 1:
+        raise ValueError(f"A must be a square matrix of shape (N, N) with N >= 1; got {tuple(A_t.shape)}")
+    A_np = A_t.detach().numpy()
+    N = A_np.shape[0]
+    # Scale A so powers neither overflow nor vanish: the degree does not depend on the scale.
+    scale = np.abs(A_np).max()
+    A_np = A_np / scale if scale > 0 else A_np
+    powers, power = [], np.eye(N)
+    for _ in range(N + 1):
+        powers.append(power.reshape(1, N, N))
+        power = power @ A_np
+    return max(1, operator_span(np.concatenate(powers), rtol).dim)
+
+
+def lag_span_bound(ssm: LinearSSM, n: int) -> int:
+    """The bound min(m_A, n, p·d) on the lag span dimension ({prf:ref}`prop-lag-span-bound`).
+
+    Args:
+        ssm: a LinearSSM.
+        n: sequence length, >= 1.
+
+    Returns:
+        min(deg of A's minimal polynomial, n, p·d).
+    """
+    ssm, n = _check_ssm(ssm), check_int(n, "n")
+    return min(minimal_polynomial_degree(ssm.A), n, ssm.p * ssm.d)
 
 
 def min_heads(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> int:

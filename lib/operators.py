@@ -83,7 +83,7 @@ def is_causal(W: Any, atol: float = 0.0) -> bool:
     W, _ = _as_operator(W)
     atol = check_real(atol, "atol", nonnegative=True)
     n = W.shape[-3]
-    upper = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=W.device), diagonal=1)
     return bool((W.detach().abs()[..., upper, :, :] <= atol).all())
 
 
@@ -109,14 +109,14 @@ def toeplitz_operator(kernel: Any, n: int) -> torch.Tensor | np.ndarray:
 def _toeplitz(kernel: torch.Tensor, n: int) -> torch.Tensor:
     # kernel (r, ...) -> (n, n, ...) with W[i, j] = kernel[i - j] when 0 <= i - j < r.
     r = kernel.shape[0]
-    lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    lag = torch.arange(n, device=kernel.device)[:, None] - torch.arange(n, device=kernel.device)[None, :]
     inside = (lag >= 0) & (lag < r)
     blocks = kernel[lag.clamp(0, r - 1)]
     mask = inside.reshape(n, n, *([1] * (kernel.ndim - 1)))
-    return torch.where(mask, blocks, torch.zeros((), dtype=kernel.dtype))
+    return torch.where(mask, blocks, torch.zeros((), dtype=kernel.dtype, device=kernel.device))
 
 
 def _block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
     # blocks (b, n, p, d) -> operator (b, n, n, p, d) with W[:, i, i] = blocks[:, i].
     n = blocks.shape[1]
-    return torch.einsum("ij,bipd->bijpd", torch.eye(n, dtype=blocks.dtype), blocks)
+    return torch.einsum("ij,bipd->bijpd", torch.eye(n, dtype=blocks.dtype, device=blocks.device), blocks)

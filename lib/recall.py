@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ._validation import check_choice, check_int, check_real
 from .attention import SoftmaxAttention
 from .ssm import LinearSSM
+from .training import check_device
 
 __all__ = [
     "RecallTask",
@@ -40,6 +41,7 @@ __all__ = [
     "RecallHybrid",
     "RecallResult",
     "recall_model",
+    "initial_gradient_norm",
     "train_recall",
     "recall_sweep",
 ]
@@ -234,16 +236,20 @@ class RecallHybrid(torch.nn.Module):
 KINDS = ("ssm", "attention", "hybrid")
 
 
-def recall_model(kind: str, task: RecallTask, *, seed: int = 0) -> torch.nn.Module:
-    """A fresh model of the given kind ("ssm", "attention" or "hybrid") sized for `task`."""
+def recall_model(kind: str, task: RecallTask, *, seed: int = 0,
+                 radius: tuple[float, float] = (0.85, 0.95)) -> torch.nn.Module:
+    """A fresh model of the given kind ("ssm", "attention" or "hybrid") sized for `task`.
+
+    `radius` is the range of the SSM layer's initial eigenvalue moduli (ssm and hybrid).
+    """
     kind = check_choice(kind, "kind", KINDS)
     if not isinstance(task, RecallTask):
         raise TypeError(f"task must be a RecallTask; got {type(task).__name__}")
     if kind == "ssm":
-        return RecallSSM(task.classes, seed=seed)
+        return RecallSSM(task.classes, radius=radius, seed=seed)
     if kind == "attention":
         return RecallAttention(task.classes, task.length, seed=seed)
-    return RecallHybrid(task.classes, task.length, seed=seed)
+    return RecallHybrid(task.classes, task.length, radius=radius, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -271,12 +277,14 @@ class RecallResult:
 
 def train_recall(model: torch.nn.Module, task: RecallTask | int, *, steps: int = 200, seed: int = 0,
                  batch: int = 16, lr: float = 0.02, optimizer: str = "adam", test_size: int = 256,
-                 progress: Progress = None, kind: str = "") -> RecallResult:
+                 progress: Progress = None, kind: str = "", device: str | torch.device = "cpu") -> RecallResult:
     """Train `model` on the delayed-recall task; return test accuracy and loss.
 
     Fresh batches every step from a torch.Generator seeded with `seed`; the test
     batch comes from a second generator (seed + 1_000_003), so results are
-    deterministic for a given seed, model init and thread count.
+    deterministic for a given seed, model init and thread count.  Both generators
+    are CPU generators whatever `device` is (batches are moved after sampling), so
+    the data stream does not depend on the device.
 
     Args:
         model: a module mapping (b, n, K) float64 to logits (b, K) (trained in place).
@@ -291,6 +299,10 @@ def train_recall(model: torch.nn.Module, task: RecallTask | int, *, steps: int =
         test_size: sequences in the test batch.
         progress: called with a one-line status now and then (terminal output).
         kind: a label stored in the result.
+        device: torch device of the computation ("cpu", "cuda", "cuda:1", ...).  The
+            model is moved there for training (`model.to(device)`, in place) and back
+            to the CPU at the end, also if training fails.  ValueError if the device
+            is unknown or its backend unavailable.  Tested on CPU only in this book's CI.
 
     Returns:
         RecallResult.
@@ -307,34 +319,70 @@ def train_recall(model: torch.nn.Module, task: RecallTask | int, *, steps: int =
     test_size = check_int(test_size, "test_size")
     lr = check_real(lr, "lr", positive=True)
     optimizer = check_choice(optimizer, "optimizer", ("adam", "sgd"))
+    device = check_device(device)
     data = torch.Generator().manual_seed(seed)
-    X_test, y_test = task.sample(test_size, torch.Generator().manual_seed(seed + 1_000_003))
-    optimiser = (torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "adam"
-                 else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
-    tail, losses = max(1, steps // 10), []
-    for step in range(steps):
-        X, y = task.sample(batch, data)
-        loss = F.cross_entropy(model(X), y)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training diverged at step {step} (loss {loss.item()}); lower lr")
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-        losses.append(loss.item())
-        if progress is not None and (step + 1) % max(1, steps // 4) == 0:
-            progress(f"recall {kind or type(model).__name__} D={task.distance} seed={seed}: "
-                     f"step {step + 1}/{steps}, loss {np.mean(losses[-tail:]):.3f}")
-    with torch.no_grad():
-        logits = model(X_test)
-        accuracy = float((logits.argmax(-1) == y_test).to(torch.float64).mean())
-        test_loss = float(F.cross_entropy(logits, y_test))
+    X_test, y_test = (t.to(device) for t in task.sample(test_size, torch.Generator().manual_seed(seed + 1_000_003)))
+    model.to(device)  # in place (the Parameter objects are kept); moved back below
+    try:
+        optimiser = (torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "adam"
+                     else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+        tail, losses = max(1, steps // 10), []
+        for step in range(steps):
+            X, y = (t.to(device) for t in task.sample(batch, data))
+            loss = F.cross_entropy(model(X), y)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"training diverged at step {step} (loss {loss.item()}); lower lr")
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            losses.append(loss.item())
+            if progress is not None and (step + 1) % max(1, steps // 4) == 0:
+                progress(f"recall {kind or type(model).__name__} D={task.distance} seed={seed}: "
+                         f"step {step + 1}/{steps}, loss {np.mean(losses[-tail:]):.3f}")
+        with torch.no_grad():
+            logits = model(X_test)
+            accuracy = float((logits.argmax(-1) == y_test).to(torch.float64).mean())
+            test_loss = float(F.cross_entropy(logits, y_test))
+    finally:
+        model.to("cpu")
     return RecallResult(distance=task.distance, seed=seed, steps=steps, accuracy=accuracy, loss=test_loss,
                         train_loss=float(np.mean(losses[-tail:])), kind=kind)
 
 
+def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: int = 256, seed: int = 0) -> float:
+    """‖∂loss/∂θ‖ at the model's current parameters: the learning signal before training.
+
+    The loss is the cross-entropy of `train_recall` on `samples` sequences from a
+    generator seeded with `seed`; the norm is taken over all parameters together.  On a
+    blank background (task.noise = 0) the class token at distance D is the only input,
+    so for `RecallSSM` every gradient path runs through the lag-D kernel C A^D B and the
+    norm falls like ρ^D ({prf:ref}`thm-ssm-gradient-decay`); for `RecallAttention` the
+    path is the one-hop α V and the norm does not fall exponentially
+    ({prf:ref}`prop-attention-highway`).
+
+    Args:
+        model: a recall model (module mapping (b, n, K) to logits (b, K)); not modified.
+        task: the RecallTask whose batch is used.
+        samples: sequences in the batch.
+        seed: seed of the batch.
+
+    Returns:
+        The Euclidean norm of the gradient of the loss over all parameters.
+    """
+    if not isinstance(task, RecallTask):
+        raise TypeError(f"task must be a RecallTask; got {type(task).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    X, y = task.sample(check_int(samples, "samples"), torch.Generator().manual_seed(seed))
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(F.cross_entropy(model(X), y), parameters, allow_unused=True)
+    return float(torch.sqrt(sum((g ** 2).sum() for g in grads if g is not None)))
+
+
 def recall_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
                  seeds: tuple[int, ...] = (0, 1, 2), *, steps: int = 200, classes: int = 8, noise: float = 0.5,
-                 optimizer: str = "adam", lr: float = 0.02, progress: Progress = None) -> list[RecallResult]:
+                 optimizer: str = "adam", lr: float = 0.02, radius: tuple[float, float] = (0.85, 0.95),
+                 progress: Progress = None, device: str | torch.device = "cpu") -> list[RecallResult]:
     """Train every (kind, distance, seed) combination from scratch; one RecallResult each.
 
     The model of run (kind, D, seed) is initialised with `seed` and trained on the
@@ -345,18 +393,23 @@ def recall_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str,
         kinds: model kinds ("ssm", "attention", "hybrid").
         seeds: seeds (init and data).
         steps, classes, noise, optimizer, lr: passed to train_recall / RecallTask.
+        radius: initial eigenvalue moduli of the SSM layers (see `RecallSSM`).
         progress: terminal progress lines.
+        device: torch device every run trains on (see `train_recall`); checked
+            before the first run.  Tested on CPU only in this book's CI.
 
     Returns:
         list of RecallResult in the order kinds × distances × seeds.
     """
+    device = check_device(device)
     results = []
     for kind in kinds:
         for D in distances:
             task = RecallTask(D, classes=classes, noise=noise)
             for seed in seeds:
-                model = recall_model(kind, task, seed=seed)
-                results.append(train_recall(model, task, steps=steps, seed=seed, optimizer=optimizer, lr=lr, kind=kind))
+                model = recall_model(kind, task, seed=seed, radius=radius)
+                results.append(train_recall(model, task, steps=steps, seed=seed, optimizer=optimizer, lr=lr, kind=kind,
+                                            device=device))
                 if progress is not None:
                     r = results[-1]
                     progress(f"recall {kind:9s} D={D:4d} seed={seed}: accuracy {r.accuracy:.3f}, loss {r.loss:.3f}")

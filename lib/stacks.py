@@ -128,7 +128,8 @@ class Stack(SequenceMap):
             out = layer._forward(Z)
             if self.residual:
                 b, n, p, _ = W_k.shape[0], W_k.shape[1], W_k.shape[3], W_k.shape[4]
-                eye = torch.eye(n, dtype=Z.dtype)[:, :, None, None] * torch.eye(p, dtype=Z.dtype)
+                eye = (torch.eye(n, dtype=Z.dtype, device=Z.device)[:, :, None, None]
+                       * torch.eye(p, dtype=Z.dtype, device=Z.device))
                 W_k, Z = W_k + eye, Z + out
             else:
                 Z = out

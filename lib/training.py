@@ -24,6 +24,7 @@ sequences ≈ 3.5–9 s per student for 1–8 heads).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 from ._validation import check_int, check_real
 from .attention import SoftmaxAttention
+from .base import SequenceMap
 from .factorized import RelativeHeads
 from .heads import population_error
 from .ssm import LinearSSM
@@ -45,6 +47,69 @@ _HELD_OUT_SEED = 20251217  # one fixed held-out batch for every estimate, indepe
 
 def _gaussian_tokens(samples: int, n: int, d: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(samples, n, d, generator=generator, dtype=torch.float64)
+
+
+def check_device(device: Any, name: str = "device") -> torch.device:
+    """A torch device this machine can compute on: "cpu", or an available accelerator ("cuda", "cuda:1", "mps", ...).
+
+    Raises TypeError unless `device` is a str or torch.device, and ValueError if
+    torch does not parse it, if it is not a compute device (e.g. "meta"), or if its
+    backend is unavailable here (e.g. "cuda" on a machine without a CUDA GPU).
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a str or torch.device; got {type(device).__name__}")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"{name} must be a torch device such as 'cpu' or 'cuda'; got {device!r} ({error})") from None
+    if resolved.type == "cpu":
+        return torch.device("cpu")
+    backend = getattr(torch, resolved.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    if not callable(getattr(backend, "is_available", None)):
+        raise ValueError(f"{name} must be 'cpu' or an accelerator with a torch backend (cuda, mps, xpu, ...); "
+                         f"got {device!r}")
+    if not backend.is_available():
+        raise ValueError(f"{name} {device!r} is not available on this machine "
+                         f"(torch.{resolved.type}.is_available() is False); use device='cpu'")
+    count = getattr(backend, "device_count", None)
+    if resolved.index is not None and callable(count) and resolved.index >= count():
+        raise ValueError(f"{name} {device!r} does not exist: this machine has {count()} {resolved.type} device(s)")
+    current = getattr(backend, "current_device", None)
+    if resolved.index is None and callable(current):
+        resolved = torch.device(resolved.type, current())  # "cuda" means the current CUDA device
+    return resolved
+
+
+def _is_on(tensor: torch.Tensor, device: torch.device) -> bool:
+    return tensor.device.type == device.type and device.index in (None, tensor.device.index)
+
+
+def _on_device(model: Any, device: torch.device) -> Any:
+    # `model` with its tensors on `device`, the original untouched: a lib SequenceMap is copied
+    # shallowly with its tensors (and sub-models) moved, an nn.Module deep-copied and moved;
+    # other callables are returned as they are.  Nothing is copied when nothing has to move.
+    if isinstance(model, torch.nn.Module):
+        tensors = [*model.parameters(), *model.buffers()]
+        return model if all(_is_on(t, device) for t in tensors) else copy.deepcopy(model).to(device)
+    if not isinstance(model, SequenceMap):
+        return model
+    moved = {}
+    for key, value in vars(model).items():
+        if isinstance(value, torch.Tensor) and not _is_on(value, device):
+            moved[key] = value.to(device)
+        elif isinstance(value, SequenceMap):
+            inner = _on_device(value, device)
+            if inner is not value:
+                moved[key] = inner
+        elif isinstance(value, tuple) and value and all(isinstance(v, SequenceMap) for v in value):
+            inner = tuple(_on_device(v, device) for v in value)
+            if any(a is not b for a, b in zip(inner, value)):
+                moved[key] = inner
+    if not moved:
+        return model
+    clone = copy.copy(model)
+    vars(clone).update(moved)
+    return clone
 
 
 def _sizes(H: int, n: int, d: int, p: int) -> tuple[int, int, int, int]:
@@ -86,8 +151,17 @@ class FactorizedStudent(torch.nn.Module):
         """The current student as a RelativeHeads (an independent copy), H heads, max length n."""
         return RelativeHeads(self.V.detach().clone(), self.c.detach().clone())
 
-    def population_error(self, teacher: LinearSSM | RelativeHeads) -> float:
-        """Σ_i E‖y_i − ŷ_i‖² on length-n Gaussian sequences, exactly: Σ_ℓ (n−ℓ)‖L_ℓ − L̂_ℓ‖²_F."""
+    def population_error(self, teacher: LinearSSM | RelativeHeads, *, device: str | torch.device = "cpu") -> float:
+        """Σ_i E‖y_i − ŷ_i‖² on length-n Gaussian sequences, exactly: Σ_ℓ (n−ℓ)‖L_ℓ − L̂_ℓ‖²_F.
+
+        Args:
+            teacher: a LinearSSM or RelativeHeads with the student's d and p.
+            device: accepted (and checked as in `train`) for a uniform interface; the
+                closed form is a float64 numpy sum over n lags, so it is evaluated on
+                the host whatever the device and the result never depends on it.
+                Tested on CPU only in this book's CI.
+        """
+        check_device(device)
         return population_error(teacher, self.to_model(), self.n)
 
     def extra_repr(self) -> str:
@@ -151,15 +225,23 @@ class SoftmaxStudent(torch.nn.Module):
         tensors = (self.W_Q, self.W_K, self.W_V, self.W_O, self.bias)
         return self._attention(*(t.detach().clone() for t in tensors))
 
-    def population_error(self, teacher: Any, samples: int = 4096) -> float:
-        """Σ_i E‖y_i − ŷ_i‖² on length-n Gaussian sequences, estimated by `held_out_error`."""
-        return held_out_error(teacher, self.to_model(), self.n, samples)
+    def population_error(self, teacher: Any, samples: int = 4096, *, device: str | torch.device = "cpu") -> float:
+        """Σ_i E‖y_i − ŷ_i‖² on length-n Gaussian sequences, estimated by `held_out_error`.
+
+        Args:
+            teacher: a sequence map with the student's d and p (e.g. a LinearSSM).
+            samples: number of held-out sequences.
+            device: where the estimate is computed, as in `held_out_error`.
+                Tested on CPU only in this book's CI.
+        """
+        return held_out_error(teacher, self.to_model(), self.n, samples, device=device)
 
     def extra_repr(self) -> str:
         return f"H={self.H}, n={self.n}, d={self.d}, p={self.p}"
 
 
-def held_out_error(teacher: Any, model: Any, n: int, samples: int = 4096) -> float:
+def held_out_error(teacher: Any, model: Any, n: int, samples: int = 4096, *,
+                   device: str | torch.device = "cpu") -> float:
     """Monte Carlo estimate of Σ_i E‖y_i − ŷ_i‖² on a fixed batch of Gaussian sequences.
 
     The batch (`samples` sequences of length n, tokens iid N(0, I_d)) is drawn from
@@ -171,14 +253,22 @@ def held_out_error(teacher: Any, model: Any, n: int, samples: int = 4096) -> flo
         teacher, model: sequence maps (anything callable on a (b, n, d) tensor) with equal d, p.
         n: sequence length.
         samples: number of held-out sequences.
+        device: torch device of the computation ("cpu", "cuda", "cuda:1", ...).  The
+            batch is drawn on the CPU (so it does not depend on the device) and moved
+            there; lib sequence maps and nn.Modules are evaluated on copies whose
+            tensors live there (the originals stay put), other callables must accept
+            tensors on `device`.  ValueError if the device is unknown or unavailable.
+            Tested on CPU only in this book's CI.
 
     Returns:
         The mean over the batch of Σ_i ‖y_i − ŷ_i‖².
     """
     n, samples = check_int(n, "n"), check_int(samples, "samples")
-    X = _gaussian_tokens(samples, n, teacher.d, torch.Generator().manual_seed(_HELD_OUT_SEED))
+    device = check_device(device)
+    X = _gaussian_tokens(samples, n, teacher.d, torch.Generator().manual_seed(_HELD_OUT_SEED)).to(device)
+    teacher, model = _on_device(teacher, device), _on_device(model, device)
     with torch.no_grad():
-        Y, Y_hat = torch.as_tensor(teacher(X)), torch.as_tensor(model(X))
+        Y, Y_hat = torch.as_tensor(teacher(X), device=device), torch.as_tensor(model(X), device=device)
     if Y_hat.shape != Y.shape:
         raise ValueError(f"model must map (b, {n}, {teacher.d}) to {tuple(Y.shape)} like the teacher; "
                          f"got {tuple(Y_hat.shape)}")
@@ -230,7 +320,7 @@ def _report(progress: Callable[[str], None] | None, step: int, steps: int, what:
 
 def train(student: FactorizedStudent | SoftmaxStudent, teacher: LinearSSM, *, steps: int = 2000,
           batch: int = 32, lr: float = 0.1, final_lr: float = 3e-4, seed: int = 0,
-          progress: Callable[[str], None] | None = None) -> TrainResult:
+          progress: Callable[[str], None] | None = None, device: str | torch.device = "cpu") -> TrainResult:
     """Fit a student to an SSM teacher with Adam on fresh Gaussian batches.
 
     Each step draws X with tokens iid N(0, I_d) of length student.n and
@@ -243,6 +333,8 @@ def train(student: FactorizedStudent | SoftmaxStudent, teacher: LinearSSM, *, st
 
     Deterministic: the batches come from a torch.Generator seeded with `seed`
     (the student's initialisation has its own seed); the student is trained in place.
+    With `device` the batches are still drawn on the CPU and then moved, so the
+    random stream does not depend on the device (the results may, by rounding).
 
     Args:
         student: a FactorizedStudent or SoftmaxStudent with the teacher's d and p.
@@ -251,36 +343,47 @@ def train(student: FactorizedStudent | SoftmaxStudent, teacher: LinearSSM, *, st
         lr: initial learning rate.  final_lr: learning rate at the last step.
         seed: seed of the batch generator.
         progress: called with a one-line status about ten times per run (e.g. print).
+        device: torch device of the computation ("cpu", "cuda", "cuda:1", ...).  The
+            student's parameters live there during training and are moved back to
+            the CPU at the end (also if training fails), so the student, its
+            `to_model()` and the result are CPU objects.  ValueError if the device is
+            unknown or its backend unavailable.  Tested on CPU only in this book's CI.
 
     Returns:
         TrainResult(error, history) with history of shape (steps,).
     """
     if isinstance(student, FactorizedStudent):
         return train_factorized([student], teacher, steps=steps, batch=batch, lr=lr, final_lr=final_lr,
-                                seed=seed, progress=progress)[0]
+                                seed=seed, progress=progress, device=device)[0]
     if not isinstance(student, SoftmaxStudent):
         raise TypeError(f"student must be a FactorizedStudent or SoftmaxStudent; got {type(student).__name__}")
     steps, batch, lr, final_lr = _check_training(teacher, [student], steps, batch, lr, final_lr, progress)
+    device = check_device(device)
     generator = torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
-    optimizer, schedule = _optimizer(list(student.parameters()), steps, lr, final_lr)
     # The teacher is LTI: its outputs are one einsum with its input-independent operator.
-    W = torch.as_tensor(teacher.operator(np.zeros((student.n, teacher.d))), dtype=torch.float64)
-    history = torch.empty(steps, dtype=torch.float64)
-    for step in range(steps):
-        X = _gaussian_tokens(batch, student.n, student.d, generator)
-        loss = ((student(X) - torch.einsum("ijpd,bjd->bip", W, X)) ** 2).sum((1, 2)).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        history[step] = loss.detach()
-        _report(progress, step, steps, f"SoftmaxStudent(H={student.H})", history[step:step + 1])
-    return TrainResult(error=student.population_error(teacher), history=history.numpy())
+    W = torch.as_tensor(teacher.operator(np.zeros((student.n, teacher.d))), dtype=torch.float64, device=device)
+    history = torch.empty(steps, dtype=torch.float64, device=device)
+    student.to(device)  # in place (the Parameter objects are kept); moved back below
+    try:
+        optimizer, schedule = _optimizer(list(student.parameters()), steps, lr, final_lr)
+        for step in range(steps):
+            X = _gaussian_tokens(batch, student.n, student.d, generator).to(device)
+            loss = ((student(X) - torch.einsum("ijpd,bjd->bip", W, X)) ** 2).sum((1, 2)).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            history[step] = loss.detach()
+            _report(progress, step, steps, f"SoftmaxStudent(H={student.H})", history[step:step + 1])
+    finally:
+        student.to("cpu")
+    return TrainResult(error=student.population_error(teacher, device=device), history=history.cpu().numpy())
 
 
 def train_factorized(students: Sequence[FactorizedStudent], teacher: LinearSSM, *, steps: int = 2000,
                      batch: int = 32, lr: float = 0.1, final_lr: float = 3e-4, seed: int = 0,
-                     progress: Callable[[str], None] | None = None) -> list[TrainResult]:
+                     progress: Callable[[str], None] | None = None,
+                     device: str | torch.device = "cpu") -> list[TrainResult]:
     """Train several FactorizedStudents (any head counts) on the same batches, all at once.
 
     Same procedure as `train`, vectorised over students: Adam acts elementwise
@@ -302,6 +405,10 @@ def train_factorized(students: Sequence[FactorizedStudent], teacher: LinearSSM, 
         students: FactorizedStudents with the teacher's d and p and a common n (trained in place).
         teacher: a LinearSSM.
         steps, batch, lr, final_lr, seed, progress: as in `train`.
+        device: torch device of the computation, as in `train`: the stacked
+            parameters, the teacher's lags and the batches (drawn on the CPU from the
+            seeded generator, then moved) live there; the trained values are copied
+            back into the students' CPU parameters.  Tested on CPU only in this book's CI.
 
     Returns:
         One TrainResult per student, in order.
@@ -313,22 +420,23 @@ def train_factorized(students: Sequence[FactorizedStudent], teacher: LinearSSM, 
     n, d, p = students[0].n, teacher.d, teacher.p
     if any(s.n != n for s in students):
         raise ValueError(f"students must share one sequence length n; got {sorted({s.n for s in students})}")
+    device = check_device(device)
     R, H_max = len(students), max(s.H for s in students)
     # Stack the students, padding to H_max heads; padded heads are masked out and get zero gradient.
-    V = torch.zeros(R, H_max, p, d, dtype=torch.float64)
-    c = torch.zeros(R, H_max, n, dtype=torch.float64)
-    mask = torch.zeros(R, H_max, 1, dtype=torch.float64)
+    V = torch.zeros(R, H_max, p, d, dtype=torch.float64, device=device)
+    c = torch.zeros(R, H_max, n, dtype=torch.float64, device=device)
+    mask = torch.zeros(R, H_max, 1, dtype=torch.float64, device=device)
     for r, s in enumerate(students):
         V[r, :s.H], c[r, :s.H], mask[r, :s.H] = s.V.detach(), s.c.detach(), 1.0
     V.requires_grad_(True)
     c.requires_grad_(True)
     # Window vectors are formed oldest-first (no flip), so lags are used in reversed order.
-    reversed_lags = torch.as_tensor(teacher.lags(n), dtype=torch.float64).flip(0)
+    reversed_lags = torch.as_tensor(teacher.lags(n), dtype=torch.float64, device=device).flip(0)
     generator = torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
     optimizer, schedule = _optimizer([V, c], steps, lr, final_lr)
-    history = torch.empty(steps, R, dtype=torch.float64)
+    history = torch.empty(steps, R, dtype=torch.float64, device=device)
     for step in range(steps):
-        X = _gaussian_tokens(batch, n, d, generator)
+        X = _gaussian_tokens(batch, n, d, generator).to(device)
         S = _window_gram(X)
         D = reversed_lags - torch.einsum("rhl,rhpd->rlpd", (c * mask).flip(-1), V)
         D = D.transpose(1, 2).reshape(R, p, n * d)
@@ -341,9 +449,10 @@ def train_factorized(students: Sequence[FactorizedStudent], teacher: LinearSSM, 
         _report(progress, step, steps, f"{R} FactorizedStudent(s)", history[step])
     with torch.no_grad():
         for r, s in enumerate(students):
-            s.V.copy_(V[r, :s.H])
+            s.V.copy_(V[r, :s.H])  # into the students' own (CPU) parameters
             s.c.copy_(c[r, :s.H])
-    return [TrainResult(error=s.population_error(teacher), history=history[:, r].numpy().copy())
+    history = history.cpu()
+    return [TrainResult(error=s.population_error(teacher, device=device), history=history[:, r].numpy().copy())
             for r, s in enumerate(students)]
 
 

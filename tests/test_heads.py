@@ -418,3 +418,36 @@ def test_zero_head_model_is_a_relative_heads_with_no_heads():
     assert repr(heads_from_ssm(ssm, 4)).startswith("RelativeHeads(H=0")
     np.testing.assert_array_equal(optimal_head_errors(ssm, 4, 2), np.zeros(3))
     assert heads_needed(ssm, 4, 1e-3) == 0 and truncated_heads(ssm, 4, 2).H == 0
+
+
+# -- minimal polynomial degree and the bound of prop-lag-span-bound -------------------
+
+@pytest.mark.parametrize("A, degree", [
+    (np.eye(3), 1),                                   # z − 1
+    (np.zeros((3, 3)), 1),                            # z
+    (np.diag([0.8, 0.8, 0.5, 0.5]), 2),               # repeated eigenvalues
+    (0.7 * np.eye(4) + np.eye(4, k=1), 4),            # one Jordan block
+    (np.eye(4, k=1), 4),                              # nilpotent shift: z^4
+    (np.diag([0.9, 0.5]) @ np.diag([1.0, 1.0]), 2),   # distinct eigenvalues
+])
+def test_prop_lag_span_bound_minimal_polynomial_degree_on_known_matrices(A, degree):
+    from lib.heads import minimal_polynomial_degree
+
+    assert minimal_polynomial_degree(A) == degree
+
+
+def test_prop_lag_span_bound_holds_and_is_attained_by_random_systems():
+    from lib.heads import lag_span_bound
+
+    for N, d, p, n in [(3, 2, 2, 10), (6, 2, 2, 10), (5, 3, 1, 4), (2, 1, 1, 8)]:
+        ssm = LinearSSM.random(N, d, p, spectral_radius=0.9, seed=N + n)
+        bound = lag_span_bound(ssm, n)
+        assert bound == min(N, n, p * d)  # random A has m_A = N
+        assert min_heads(ssm, n) == bound
+
+
+def test_minimal_polynomial_degree_rejects_non_square():
+    from lib.heads import minimal_polynomial_degree
+
+    with pytest.raises(ValueError, match="A must be a square matrix"):
+        minimal_polynomial_degree(np.ones((2, 3)))

@@ -103,3 +103,76 @@ def test_recall_validation():
         train_recall(LinearSSM.random(2, 2, 2), 2)
     with pytest.raises(TypeError, match="task must be a RecallTask"):
         train_recall(recall_model("ssm", RecallTask(2)), "2")
+
+
+# -- device (CPU only here: the book's CI has no GPU) ------------------------------------------------
+
+UNAVAILABLE = [name for name, available in (("cuda", torch.cuda.is_available()),
+                                            ("mps", torch.backends.mps.is_available())) if not available]
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_explicit_cpu_device_equals_the_default(device):
+    task = RecallTask(3, classes=4, noise=0.3)
+    for kind in ("ssm", "attention", "hybrid"):
+        models = [recall_model(kind, task, seed=2) for _ in range(2)]
+        default = train_recall(models[0], task, steps=4, seed=1, test_size=16, kind=kind)
+        explicit = train_recall(models[1], task, steps=4, seed=1, test_size=16, kind=kind, device=device)
+        assert default == explicit
+        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(p0, p1) and p1.device.type == "cpu"
+    sweep = dict(distances=(1, 2), kinds=("ssm", "attention"), seeds=(0,), steps=2, classes=3)
+    assert recall_sweep(**sweep) == recall_sweep(**sweep, device=device)
+
+
+@pytest.mark.parametrize("device", ["nonsense", "meta", *UNAVAILABLE])
+def test_unknown_or_unavailable_device_is_refused(device):
+    model = recall_model("attention", RecallTask(2, classes=3))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="device"):
+        train_recall(model, RecallTask(2, classes=3), steps=1, device=device)
+    with pytest.raises(ValueError, match="device"):
+        recall_sweep(distances=(1,), kinds=("ssm",), seeds=(0,), steps=1, classes=3, device=device)
+    assert all(torch.equal(a, b) and b.device.type == "cpu" for a, b in zip(before, model.parameters()))
+
+
+def test_recall_model_passes_the_initial_radius_to_the_ssm_layers():
+    import torch
+
+    from lib.recall import RecallTask, recall_model
+
+    task = RecallTask(4)
+    for kind in ("ssm", "hybrid"):
+        model = recall_model(kind, task, seed=0, radius=(0.99, 0.995))
+        layer = model if kind == "ssm" else model.ssm_layer
+        moduli = torch.sigmoid(layer.logit_radius)
+        assert bool(((moduli >= 0.99) & (moduli <= 0.995)).all())
+
+
+def test_initial_gradient_signal_falls_with_distance_for_the_ssm_not_for_attention():
+    # thm-ssm-gradient-decay: on a blank background the only path is C A^D B (ρ ≤ 0.95 here);
+    # prop-attention-highway: attention's one-hop path does not decay exponentially; at
+    # initialisation (zero position bias) its weights are uniform, so the signal goes like 1/n.
+    from lib.recall import RecallTask, initial_gradient_norm, recall_model
+
+    def signal(kind, D):
+        task = RecallTask(D, noise=0.0)
+        return initial_gradient_norm(recall_model(kind, task, seed=3), task, samples=64, seed=1)
+
+    ssm = [signal("ssm", D) for D in (2, 16, 64)]
+    attention = [signal("attention", D) for D in (2, 16, 64)]
+    assert ssm[0] > ssm[1] > ssm[2]
+    assert ssm[2] < 0.95 ** 40 * ssm[0]
+    lengths = [D + 1 for D in (2, 16, 64)]
+    scaled = [a * n for a, n in zip(attention, lengths)]
+    assert max(scaled) < 2 * min(scaled)
+
+
+def test_initial_gradient_norm_is_deterministic_and_leaves_the_model_alone():
+    from lib.recall import RecallTask, initial_gradient_norm, recall_model
+
+    task = RecallTask(8)
+    model = recall_model("hybrid", task, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert initial_gradient_norm(model, task, seed=2) == initial_gradient_norm(model, task, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -124,3 +124,60 @@ def test_held_out_error_matches_closed_form_for_relative_heads():
 def test_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# -- device ----------------------------------------------------------------------------------------------
+# Only the CPU is exercised here: the book's CI has no GPU.  An unavailable accelerator must be refused
+# up front with a ValueError naming `device`, before anything is trained or moved.
+
+UNAVAILABLE = [name for name, available in (("cuda", torch.cuda.is_available()), ("cuda:0", torch.cuda.is_available()),
+                                            ("mps", torch.backends.mps.is_available())) if not available]
+BAD_DEVICES = ["nonsense", "", "cuda:x", "meta", *UNAVAILABLE]
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_explicit_cpu_device_equals_the_default(device):
+    def fit(**kw):
+        students = [FactorizedStudent(H, N_SEQ, D, D, seed=H) for H in (1, 2)]
+        joint = train_factorized(students, TEACHER, steps=30, seed=1, **kw)
+        alone = train(FactorizedStudent(2, N_SEQ, D, D, seed=0), TEACHER, steps=20, seed=2, **kw)
+        soft = SoftmaxStudent(2, N_SEQ, D, D, seed=0)
+        soft_run = train(soft, TEACHER, steps=10, batch=4, seed=3, **kw)
+        params = [p.detach().numpy().copy() for s in (*students, soft) for p in s.parameters()]
+        devices = {p.device.type for s in (*students, soft) for p in s.parameters()}
+        errors = (held_out_error(TEACHER, soft.to_model(), N_SEQ, samples=64, **kw),
+                  soft.population_error(TEACHER, 64, **kw), students[1].population_error(TEACHER, **kw))
+        return [(r.error, r.history) for r in (*joint, alone, soft_run)], params, devices, errors
+
+    default, explicit = fit(), fit(device=device)
+    for (e0, h0), (e1, h1) in zip(default[0], explicit[0]):
+        assert e0 == e1
+        np.testing.assert_array_equal(h0, h1)
+    for p0, p1 in zip(default[1], explicit[1]):
+        np.testing.assert_array_equal(p0, p1)
+    assert default[2] == explicit[2] == {"cpu"}     # trained students stay CPU objects
+    assert default[3] == explicit[3]
+
+
+@pytest.mark.parametrize("device", BAD_DEVICES)
+def test_unknown_or_unavailable_device_is_refused_before_training(device):
+    student = FactorizedStudent(1, N_SEQ, D, D, seed=0)
+    soft = SoftmaxStudent(1, N_SEQ, D, D, seed=0)
+    before = [p.detach().clone() for s in (student, soft) for p in s.parameters()]
+    calls = [lambda: train(student, TEACHER, steps=1, device=device),
+             lambda: train(soft, TEACHER, steps=1, device=device),
+             lambda: train_factorized([student], TEACHER, steps=1, device=device),
+             lambda: held_out_error(TEACHER, TEACHER, N_SEQ, samples=4, device=device),
+             lambda: student.population_error(TEACHER, device=device),
+             lambda: soft.population_error(TEACHER, 4, device=device)]
+    for call in calls:
+        with pytest.raises(ValueError, match="device"):
+            call()
+    after = [p.detach() for s in (student, soft) for p in s.parameters()]
+    assert all(torch.equal(a, b) and b.device.type == "cpu" for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("device", [0, None, 1.5])
+def test_device_of_the_wrong_type_is_a_type_error(device):
+    with pytest.raises(TypeError, match="device must be a str or torch.device"):
+        train(FactorizedStudent(1, N_SEQ, D, D), TEACHER, steps=1, device=device)
