@@ -59,6 +59,11 @@ class Book:
         return self.build / "figures"
 
     @property
+    def checks(self) -> Path:
+        """Numerical checks of claims recorded by the notebooks (``run.check``), per notebook."""
+        return self.build / "checks"
+
+    @property
     def failed(self) -> Path:
         """Partial output of notebooks whose execution failed (for debugging)."""
         return self.build / "failed"

@@ -194,7 +194,7 @@ def _install(book: Book, notebook: str, work: Path, profile: str, manifest_entry
     tmp.write_bytes(normalized_bytes(work / "executed.ipynb", profile))
     tmp.replace(target)
     installed = {}
-    for kind, dest in (("results", book.results), ("figures", book.figures)):
+    for kind, dest in (("results", book.results), ("figures", book.figures), ("checks", book.checks)):
         for old in manifest_entry.get(kind, []):
             (dest / old).unlink(missing_ok=True)
         src = work / "artifacts" / kind

@@ -57,6 +57,7 @@ class NotebookRun:
     output_dir: Path
     progress_log: Path | None
     glued: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -142,6 +143,30 @@ class NotebookRun:
 
         self.glued[key] = value
         myst_glue(key, value, display=False)
+
+    def check(self, label: str, discrepancy: float, tolerance: float, what: str) -> None:
+        """Record the numerical check of the claim ``label`` (a ``{prf:...}`` label).
+
+        ``discrepancy`` is the measured number that should be small (an error, a gap) and
+        ``tolerance`` the largest value the claim allows; ``what`` says in a few words what
+        was measured. The value is glued as ``check-<label>`` and recorded for the
+        reproduction ledger, which shows it under the claim with the test that asserts the
+        same statement, and fails ``make test`` when it exceeds the tolerance.
+        """
+        if not isinstance(label, str) or not label or any(c.isspace() for c in label):
+            raise ValueError(f"label must be a claim label like 'thm-head-count'; got {label!r}")
+        discrepancy, tolerance = float(discrepancy), float(tolerance)
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be a number >= 0; got {tolerance!r}")
+        if label in self.checks:
+            raise ValueError(f"{label} is already checked in this notebook")
+        self.checks[label] = {"discrepancy": discrepancy, "tolerance": tolerance, "what": what,
+                              "ok": bool(discrepancy <= tolerance)}
+        folder = self.output_dir / "checks" / self.chapter
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"notebook": self.notebook, "checks": self.checks}
+        (folder / f"{Path(self.notebook).stem}.yaml").write_text(yaml.safe_dump(record, sort_keys=True))
+        self.glue(f"check-{label}", discrepancy)
 
     # --- progress -----------------------------------------------------------------------
     def log(self, message: str) -> None:
