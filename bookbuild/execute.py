@@ -130,7 +130,7 @@ def execute_one(job: dict) -> dict:
             execution_timeout=job["cell_timeout"],
             # The kernel's own start-up warnings (TCP without encryption on loopback) are
             # noise in the terminal; its errors still show.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
             on_cell_start=on_cell_start,
         )
     except PapermillExecutionError as err:
