@@ -6,7 +6,11 @@
 (d) in headless Chromium, after typesetting, every page with math holds at least as many
     ``mjx-container`` elements as it has math nodes and no ``mjx-merror``; a screenshot of
     each page lands in ``_build/screenshots/``;
-(e) the build's result tables agree with ``data/results`` within their tolerances.
+(e) the build's result tables agree with ``data/results`` within their tolerances;
+(f) the reproduction ledger is complete: every claim has a numerical check within its
+    tolerance, a test and a summary, and its page shows the ledger line under it;
+(g) the site search works offline (headless Chromium finds a known word);
+(h) every figure in the executed notebooks has an opaque white background (dark mode).
 """
 
 from __future__ import annotations
@@ -246,9 +250,81 @@ def check_results(book: Book) -> CheckResult:
     return result
 
 
+# --- (f) ------------------------------------------------------------------------------
+def check_ledger(book: Book) -> CheckResult:
+    from .ledger import build_ledger
+
+    result = CheckResult("(f) every claim checked within tolerance, tested, and shown so")
+    ledger = build_ledger(book)
+    result.problems = list(ledger.problems)
+    per_page: dict[str, int] = {}
+    for entry in ledger.entries:
+        per_page[entry.claim.page] = per_page.get(entry.claim.page, 0) + 1
+    for page, claims in sorted(per_page.items()):
+        html = book.html / f"{page}.html"
+        lines = html.read_text(errors="replace").count('class="claim-ledger') if html.exists() else 0
+        if lines != claims:
+            result.problems.append(f"{page}: {claims} claims but {lines} ledger lines on the rendered page")
+    verdicts = [e.verdict for e in ledger.entries]
+    result.summary = f"{verdicts.count('reproduced')} of {len(verdicts)} claims reproduced"
+    return result
+
+
+# --- (g) ------------------------------------------------------------------------------
+def check_search(book: Book, require_browser: bool = False, word: str = "Eckart") -> CheckResult:
+    result = CheckResult("(g) site search works offline")
+    binary = find_chromium()
+    if binary is None:
+        message = "Chromium not found: the search check did NOT run."
+        if require_browser:
+            result.problems.append(message)
+        else:
+            result.skipped, result.summary = True, message
+        return result
+    server = serve(book.html)
+    try:
+        dom = _chromium(binary, ["--dump-dom", f"http://127.0.0.1:{server.server_address[1]}/search.html?q={word}"])
+    finally:
+        server.shutdown()
+    found = re.search(r"found (\d+) page", dom)
+    if not found or int(found.group(1)) == 0:
+        result.problems.append(f"searching for {word!r} found nothing (search index not loaded?)")
+    result.summary = f"{word!r}: {found.group(0) if found else 'no result'}"
+    return result
+
+
+# --- (h) ------------------------------------------------------------------------------
+def check_figure_backgrounds(book: Book) -> CheckResult:
+    import base64
+    import io
+
+    from PIL import Image
+
+    result = CheckResult("(h) figures have opaque white backgrounds (readable in dark mode)")
+    count = 0
+    for nb_path in book.notebooks:
+        executed = book.executed / nb_path
+        if not executed.exists():
+            continue
+        for number, cell in enumerate(nbformat.read(executed, as_version=4).cells, 1):
+            for out in cell.get("outputs", []):
+                data = out.get("data", {}).get("image/png")
+                if not data:
+                    continue
+                count += 1
+                image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA")
+                w, h = image.size
+                corners = [image.getpixel(xy) for xy in ((0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1))]
+                if any(c[3] < 255 or min(c[:3]) < 250 for c in corners):
+                    result.problems.append(f"{nb_path} cell {number}: figure corners {corners} are not opaque white")
+    result.summary = f"{count} figures"
+    return result
+
+
 def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
     checks = [check_pages(book), check_notebook_errors(book), check_offline(book),
-              check_math(book, require_browser), check_results(book)]
+              check_math(book, require_browser), check_results(book), check_ledger(book),
+              check_search(book, require_browser), check_figure_backgrounds(book)]
     for check in checks:
         if check.skipped:
             banner = "!" * 78

@@ -20,7 +20,7 @@ from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matri
                     minimal_polynomial_degree, optimal_head_errors, population_error, s4d_ssm,
                     truncated_heads)
 from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
-from .gradients import (DecayBound, DecayFit, fit_decay_rate, jacobian_norms, lag_norms, one_hop,
+from .gradients import (DecayBound, DecayFit, fit_decay_rate, gradient_reach, jacobian_norms, lag_norms, one_hop,
                         planted_key_input, ssm_decay_bound, with_constant_step)
 from .stacks import Stack
 
@@ -84,5 +84,6 @@ __all__ = [
     "planted_key_input",
     "one_hop",
     "with_constant_step",
+    "gradient_reach",
     "Stack",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "planted_key_input",
     "one_hop",
     "with_constant_step",
+    "gradient_reach",
 ]
 
 
@@ -443,3 +444,33 @@ def with_constant_step(model: SelectiveSSM, step: float) -> SelectiveSSM:
     bias = step + math.log(-math.expm1(-step))  # softplus(bias) = step
     return SelectiveSSM(model.A_log, np.zeros_like(model.W_delta), np.full(model.d, bias), model.W_B, model.W_C,
                         dtype=model.dtype)
+
+
+def gradient_reach(profile: Any, eps: float = 1e-3) -> int:
+    """The largest distance D at which a gradient profile keeps a fraction `eps` of its peak.
+
+    reach = max{D : profile[D] >= eps · max_D' profile[D']}.  For a stable LTI SSM with a
+    dominant eigenvalue of modulus ρ this is about ln(1/eps)/ln(1/ρ)
+    ({prf:ref}`thm-ssm-gradient-decay`); for a token-wise layer it is 0; for attention on an
+    input that opens its highway it is the whole sequence ({prf:ref}`prop-attention-highway`).
+
+    Args:
+        profile: norms indexed by distance, shape (m,), entries >= 0 (for `jacobian_norms`
+            output, pass `norms[::-1]`; for several inputs, their elementwise maximum).
+        eps: the fraction of the peak that still counts, 0 < eps < 1.
+
+    Returns:
+        The reach, an int in [0, m − 1] (0 also for an all-zero profile).
+    """
+    values, _ = as_real_tensor(profile, "profile", dtype=torch.float64)
+    if values.ndim != 1 or values.shape[0] < 1:
+        raise ValueError(f"profile must have shape (m,) with m >= 1; got {tuple(values.shape)}")
+    if bool((values < 0).any()):
+        raise ValueError("profile must hold norms (entries >= 0)")
+    eps = check_real(eps, "eps", positive=True)
+    if eps >= 1:
+        raise ValueError(f"eps must satisfy 0 < eps < 1; got {eps}")
+    peak = float(values.max())
+    if peak == 0:
+        return 0
+    return int(torch.nonzero(values >= eps * peak).max())

@@ -132,3 +132,28 @@ def test_softmax_forward_in_query_blocks_matches_weights_on_long_sequences():
     X = rng.standard_normal((1100, 4))  # more than one block of 512 queries
     Y = np.einsum("hij,hpd,jd->ip", model.weights(X), model.values(), X)
     np.testing.assert_allclose(model(X), Y, rtol=1e-10, atol=1e-13)
+
+
+# -- prop-softmax-obstruction ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("heads", [1, 3])
+def test_prop_softmax_obstruction_rows_sum_to_the_value_maps_for_every_input(heads):
+    rng = np.random.default_rng(heads)
+    base = SoftmaxAttention.random(3, 2, heads=heads, seed=heads)
+    layer = SoftmaxAttention(base.W_Q, base.W_K, base.W_V, base.W_O, causal=True,
+                             position_bias=rng.standard_normal((heads, 9)))
+    X = 3 * rng.standard_normal((5, 9, 3))
+    row_sums = np.asarray(layer.operator(X)).sum(axis=2)
+    np.testing.assert_allclose(row_sums, np.broadcast_to(layer.values().sum(axis=0), row_sums.shape),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_prop_softmax_obstruction_an_ssm_with_memory_has_varying_row_sums():
+    # The SSM's row sums Σ_{l<i} L_l change with i as soon as L_1 ≠ 0, so no causal softmax
+    # layer (whose row sums are constant) has its operator.
+    from lib import LinearSSM
+
+    ssm = LinearSSM.random(3, 3, 2, spectral_radius=0.8, seed=2)
+    sums = np.cumsum(ssm.lags(9), axis=0)
+    assert np.abs(ssm.lags(2)[1]).max() > 0
+    assert np.abs(sums[1:] - sums[:-1]).max() > 1e-3

@@ -61,3 +61,21 @@ def test_relative_heads_validation():
         RelativeHeads(np.zeros((2, 1, 1)), np.zeros((3, 4)))
     with pytest.raises(ValueError, match=r"V must have shape \(H, p, d\)"):
         RelativeHeads(np.zeros((2, 2)), np.zeros((2, 4)))
+
+
+# -- prop-factorized-rank -------------------------------------------------------------------
+
+@pytest.mark.parametrize("H", [1, 2, 3])
+def test_prop_factorized_rank_every_block_lies_in_the_span_of_the_value_maps(H):
+    from lib import SSD, LinearAttention, SoftmaxAttention
+
+    rng = np.random.default_rng(H)
+    inputs = rng.standard_normal((6, 7, 6))
+    models = [RelativeHeads.random(H, 7, 6, 5, seed=H), SoftmaxAttention.random(6, 5, heads=H, seed=H),
+              LinearAttention.random(6, 5, heads=H, seed=H), SSD.random(6, 5, N=4, heads=H, seed=H)]
+    for model in models:
+        values = operator_span(np.asarray(model.values()))
+        blocks = np.asarray(model.operator(inputs)).reshape(-1, 5, 6)
+        residual = np.linalg.norm(values.residual(blocks)) / np.linalg.norm(blocks)
+        assert residual < 1e-12, type(model).__name__
+        assert interaction_rank(model, inputs) <= H

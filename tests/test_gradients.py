@@ -406,3 +406,51 @@ def test_planted_key_validation():
         planted_key_input(MODELS["SoftmaxAttention position bias"](), 9, 8, 0)
     with pytest.raises(ValueError, match=r"j must satisfy 0 <= j < n = 10"):
         one_hop(model, np.zeros((10, 4)), 9, 10)
+
+
+# -- prop-selective-gradient -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("D", [5, 50, 500])
+def test_prop_selective_gradient_frozen_gate_best_response_is_one_over_e_a_D(D):
+    # One mode in Mamba's parametrisation: Ā = e^{−Δa}, B̄ = Δb, C = c; lag D = c b Δ e^{−ΔaD}.
+    a, b, c = 0.7, 1.3, -0.4
+    steps = np.geomspace(1e-6, 10.0, 3001)
+    responses = [lag_norms(LinearSSM([[np.exp(-s * a)]], [[s * b]], [[c]]), D + 1)[D] for s in steps]
+    best = int(np.argmax(responses))
+    assert responses[best] <= abs(b * c) / (np.e * a * D) * (1 + 1e-12)
+    assert responses[best] == pytest.approx(abs(b * c) / (np.e * a * D), rel=1e-4)
+    assert steps[best] == pytest.approx(1 / (a * D), rel=1e-2)
+
+
+@pytest.mark.parametrize("step", [0.05, 0.3])
+def test_prop_selective_gradient_frozen_gate_decays_at_the_accumulated_step_rate(step):
+    model = with_constant_step(SelectiveSSM.random(3, N=4, seed=1), step)
+    a_min = float(np.abs(model.A).min())
+    X = np.random.default_rng(2).standard_normal((200, 3))
+    norms = jacobian_norms(model, X, 199)[::-1]
+    fit = fit_decay_rate(norms, start=40, floor=1e-250)
+    # At least the accumulated-step rate e^{−a_min Δ} per step, and not much faster (slowest mode).
+    assert fit.log_rate <= -a_min * step + 3 * fit.log_rate_stderr
+    assert fit.log_rate >= -a_min * step * 1.2 - 3 * fit.log_rate_stderr
+
+
+# -- gradient_reach ----------------------------------------------------------------------------------------
+
+def test_gradient_reach_of_an_lti_ssm_is_log_eps_over_log_rho():
+    from lib.gradients import gradient_reach
+
+    rho = 0.8
+    ssm = LinearSSM([[rho]], [[1.0]], [[1.0]])
+    assert gradient_reach(lag_norms(ssm, 200), 1e-3) == int(np.floor(np.log(1e-3) / np.log(rho)))
+
+
+def test_gradient_reach_edge_cases_and_bad_input():
+    from lib.gradients import gradient_reach
+
+    assert gradient_reach(np.array([1.0, 0.0, 0.0]), 0.5) == 0
+    assert gradient_reach(np.zeros(4)) == 0
+    assert gradient_reach(np.ones(7)) == 6
+    with pytest.raises(ValueError, match="eps must satisfy"):
+        gradient_reach(np.ones(3), 1.5)
+    with pytest.raises(ValueError, match="profile must"):
+        gradient_reach(-np.ones(3))

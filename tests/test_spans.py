@@ -126,3 +126,29 @@ def test_interaction_rank_many_inputs_is_compressed_exactly():
                                atol=1e-14 * span.singular_values[0])
     assert span.dim == 3
     assert interaction_rank(Dense.random(2, 2), X) == 1
+
+
+# -- lem-pointwise-multiple --------------------------------------------------------------------
+
+def _pointwise_factors(L, V, us):
+    return np.array([((L @ u) @ (V @ u)) / ((V @ u) @ (V @ u)) for u in us])
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_lem_pointwise_multiple_factor_is_one_constant_when_L_is_a_multiple(rank):
+    rng = np.random.default_rng(rank)
+    V = rng.standard_normal((3, rank)) @ rng.standard_normal((rank, 3))
+    L = -1.7 * V
+    factors = _pointwise_factors(L, V, rng.standard_normal((50, 3)))
+    np.testing.assert_allclose(factors, -1.7, rtol=1e-12)
+    assert operator_span(np.stack([L, V])).dim == 1
+
+
+def test_lem_pointwise_multiple_fails_pointwise_when_L_is_not_a_multiple():
+    # Contrapositive: span{L, V} of dimension 2 => some u has Lu outside span{Vu}.
+    rng = np.random.default_rng(9)
+    V, L = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+    assert operator_span(np.stack([L, V])).dim == 2
+    us = rng.standard_normal((50, 3))
+    sines = [np.linalg.norm(np.cross(L @ u, V @ u)) / (np.linalg.norm(L @ u) * np.linalg.norm(V @ u)) for u in us]
+    assert max(sines) > 1e-2

@@ -329,3 +329,39 @@ def test_prop_ssd_interaction_rank_at_most_heads():
 def test_ssd_rejects_heads_not_dividing_d():
     with pytest.raises(ValueError, match=r"A_log must have shape \(H,\) with H dividing d"):
         SSD(*ssd_parameters(5, 2, 3, 2, 0))
+
+
+# -- prop-structured-dynamics -------------------------------------------------------------
+
+def test_prop_structured_dynamics_unrolled_recurrence_equals_the_product_formula():
+    # Time-varying A_t, B_t, C_t (numpy): s_i = A_i s_{i-1} + B_i x_i, y_i = C_i s_i against
+    # y_i = Σ_{j≤i} C_i A_i⋯A_{j+1} B_j x_j, computed independently.
+    rng = np.random.default_rng(5)
+    n, N, d, p = 7, 3, 2, 2
+    A = 0.5 * rng.standard_normal((n, N, N))
+    B, C = rng.standard_normal((n, N, d)), rng.standard_normal((n, p, N))
+    X = rng.standard_normal((n, d))
+    s, recurrence = np.zeros(N), []
+    for i in range(n):
+        s = A[i] @ s + B[i] @ X[i]
+        recurrence.append(C[i] @ s)
+    product = []
+    for i in range(n):
+        total = np.zeros(p)
+        for j in range(i + 1):
+            M = np.eye(N)
+            for t in range(j + 1, i + 1):
+                M = A[t] @ M
+            total += C[i] @ M @ B[j] @ X[j]
+        product.append(total)
+    np.testing.assert_allclose(recurrence, product, rtol=1e-12, atol=1e-12)
+
+
+def test_prop_structured_dynamics_lti_case_is_lib_operator():
+    # The constant-matrix case of the formula is LinearSSM's operator, block by block.
+    ssm = LinearSSM.random(3, 2, 2, seed=4)
+    W = ssm.operator(np.zeros((5, 2)))
+    for i in range(5):
+        for j in range(5):
+            expected = (ssm.C @ np.linalg.matrix_power(ssm.A, i - j) @ ssm.B) if j <= i else np.zeros((2, 2))
+            np.testing.assert_allclose(W[i, j], expected, rtol=1e-12, atol=1e-14)

@@ -154,3 +154,24 @@ def test_stack_validation():
         Stack.hybrid(2, 4, attention_every=0)
     with pytest.raises(ValueError, match="X must have shape"):
         Stack([Dense.random(2, 2)])(np.zeros((3, 3)))
+
+
+# -- prop-stack-decay -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("depth, residual", [(1, True), (3, True), (3, False), (5, True)])
+def test_prop_stack_decay_bound_holds_for_residual_and_plain_stacks(depth, residual):
+    from lib import s4d_ssm
+
+    rho, n, width = 0.8, 60, 2
+    layers = [s4d_ssm(4, width, rho, seed=10 + k) for k in range(depth)]
+    constants = []
+    distances = np.arange(n)
+    for layer in layers:
+        lags = layer.lags(n)
+        if residual:
+            lags[0] += np.eye(width)
+        constants.append(max(1.0, float((np.linalg.norm(lags, axis=(1, 2)) / rho ** distances).max())))
+    bound = np.prod(constants) * np.array([comb(D + depth - 1, depth - 1) for D in distances]) * rho ** distances
+    X = np.random.default_rng(depth).standard_normal((n, width))
+    profile = jacobian_norms(Stack(layers, residual=residual), X, n - 1)[::-1]
+    assert (profile <= bound * (1 + 1e-9)).all()
