@@ -1,0 +1,220 @@
+"""Each fast route that `make bench` times equals its baseline, on small sizes and edge cases.
+
+Correctness only, never speed (speed is benchmarks/, as same-process ratios). The
+baselines are the ones the benchmarks time:
+
+- `min_heads` / `optimal_head_errors` (from the lags) vs the dense route: materialise the
+  operator `ssm.operator(X)` (n, n, p, d), stack its blocks with j ≤ i, take the SVD;
+- `jacobian_norms` (p reverse passes) vs `torch.autograd.functional.jacobian` of the whole map;
+- forward routes vs the sequential loop `method="recurrence"`: LinearSSM "fft", "scan",
+  "auto"; SelectiveSSM and SSD "scan", "auto".
+
+tests/test_ssm.py, test_heads.py and test_gradients.py check each route against
+independent formulas; this file fills the gaps: n = 1, N = 1, p ≠ d, batches, lengths on
+the chunk and route boundaries, numpy/torch in and out, and which route "auto" takes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lib import SSD, LinearSSM, SelectiveSSM, SoftmaxAttention
+from lib.gradients import jacobian_norms
+from lib.heads import min_heads, optimal_head_errors
+
+# -- the dense route of the head counts -----------------------------------------------
+
+
+def dense_singular_values(ssm: LinearSSM, n: int) -> np.ndarray:
+    """Singular values of the stacked operator blocks 𝒲_ij, j ≤ i (the benchmark's baseline)."""
+    W = ssm.operator(np.zeros((n, ssm.d)))
+    rows, cols = np.tril_indices(n)
+    return np.linalg.svd(W[rows, cols].reshape(len(rows), ssm.p * ssm.d), compute_uv=False)
+
+
+def dense_rank(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> int:
+    sigma = dense_singular_values(ssm, n)
+    return int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+
+
+# (N, d, p, n): n = 1, N = 1, p ≠ d both ways, n < pd, n > pd, N > pd.
+HEAD_CASES = [(1, 1, 1, 1), (1, 2, 3, 1), (1, 3, 2, 4), (2, 1, 1, 5), (3, 2, 3, 2), (4, 3, 2, 9),
+              (7, 2, 2, 12), (5, 1, 4, 6)]
+
+
+@pytest.mark.parametrize("N,d,p,n", HEAD_CASES)
+def test_min_heads_equals_rank_of_the_dense_operator(N, d, p, n):
+    for seed, radius in ((0, 0.9), (1, 1.0), (2, 0.3)):
+        ssm = LinearSSM.random(N, d, p, spectral_radius=radius, seed=seed)
+        assert min_heads(ssm, n) == dense_rank(ssm, n)
+
+
+@pytest.mark.parametrize("N,d,p,n", HEAD_CASES)
+def test_optimal_head_errors_equal_tail_energies_of_the_dense_operator(N, d, p, n):
+    ssm = LinearSSM.random(N, d, p, spectral_radius=0.9, seed=N + n)
+    H_max = p * d + 2  # beyond every possible rank: the tail is padded with zeros
+    squares = dense_singular_values(ssm, n) ** 2
+    dense = np.array([squares[H:].sum() for H in range(H_max + 1)])
+    ours = optimal_head_errors(ssm, n, H_max)
+    assert ours.shape == (H_max + 1,)
+    np.testing.assert_allclose(ours, dense, rtol=1e-10, atol=1e-12 * dense[0])
+
+
+def test_head_counts_of_a_zero_ssm_agree_with_the_dense_route():
+    ssm = LinearSSM(np.eye(2), np.ones((2, 3)), np.zeros((2, 2)))
+    assert min_heads(ssm, 4) == 0
+    np.testing.assert_array_equal(optimal_head_errors(ssm, 4, 3), np.zeros(4))
+    assert np.all(dense_singular_values(ssm, 4) == 0)
+
+
+def test_head_counts_reach_the_dense_route_on_a_rank_deficient_ssm():
+    # A nilpotent A: only L_0 and L_1 are non-zero, so k = 2 for every n >= 2 and 1 for n = 1.
+    A = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    rng = np.random.default_rng(0)
+    ssm = LinearSSM(A, rng.standard_normal((3, 3)), rng.standard_normal((2, 3)))
+    for n in (1, 2, 6):
+        assert min_heads(ssm, n) == dense_rank(ssm, n) == min(n, 2)
+
+
+# -- jacobian_norms vs the full autograd Jacobian ---------------------------------------
+
+
+def autograd_norms(model, X: np.ndarray, i: int) -> np.ndarray:
+    """‖∂y_i/∂x_j‖_F, j ≤ i, from torch.autograd.functional.jacobian (vectorised), as benchmarked."""
+    J = torch.autograd.functional.jacobian(lambda Z: model(Z), torch.tensor(X), vectorize=True)
+    return np.linalg.norm(J[i, :, : i + 1, :].permute(1, 0, 2).numpy(), axis=(1, 2))
+
+
+JACOBIAN_MODELS = {
+    "LinearSSM N=1 d=1 p=1": lambda: LinearSSM.random(1, 1, 1, seed=0),
+    "LinearSSM N=3 d=2 p=3": lambda: LinearSSM.random(3, 2, 3, seed=1),
+    "SelectiveSSM N=1 d=1": lambda: SelectiveSSM.random(1, 1, step_range=(0.1, 1.0), seed=2),
+    "SelectiveSSM N=3 d=2": lambda: SelectiveSSM.random(2, 3, step_range=(0.1, 1.0), seed=3),
+    "SSD H=2 d=2 p=3": lambda: SSD.random(2, 3, N=2, heads=2, step_range=(0.1, 1.0), seed=4),
+    "SoftmaxAttention d=3 p=2": lambda: SoftmaxAttention.random(3, 2, heads=1, seed=5),
+}
+
+
+@pytest.mark.parametrize("name", JACOBIAN_MODELS)
+@pytest.mark.parametrize("n", [1, 2, 9])
+def test_jacobian_norms_equal_the_autograd_jacobian_including_n_1(name, n):
+    model = JACOBIAN_MODELS[name]()
+    X = np.random.default_rng(n).standard_normal((n, model.d))
+    for i in sorted({0, n // 2, n - 1}):
+        ours = jacobian_norms(model, X, i)
+        assert ours.shape == (i + 1,)
+        np.testing.assert_allclose(ours, autograd_norms(model, X, i), rtol=1e-10, atol=1e-14)
+
+
+def test_jacobian_norms_on_both_forward_routes_of_an_lti_ssm():
+    # n = 300 > 256: the scan route under "auto"; both routes give C A^{i-j} B.
+    model = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0)
+    X = np.random.default_rng(0).standard_normal((300, 2))
+    lags = np.linalg.norm(model.lags(300), axis=(1, 2))
+    np.testing.assert_allclose(jacobian_norms(model, X, 299)[::-1], lags, rtol=1e-10)
+    np.testing.assert_allclose(jacobian_norms(model, X[:200], 199)[::-1], lags[:200], rtol=1e-10)
+
+
+# -- forward routes vs the sequential loop ---------------------------------------------
+
+# (N, d, p, n, b): n = 1, N = 1, p ≠ d both ways, batched; n on the scan's chunk edges
+# (T = 64), on the "auto" switch (256/257) and on FFT sizes (powers of two).
+LTI_CASES = [(1, 1, 1, 1, 1), (1, 3, 2, 1, 4), (2, 1, 3, 2, 1), (1, 2, 1, 63, 2), (3, 2, 3, 64, 1),
+             (2, 3, 1, 65, 3), (4, 2, 2, 129, 2), (2, 1, 2, 256, 1), (2, 2, 1, 257, 2),
+             (5, 3, 2, 513, 1)]
+
+
+@pytest.mark.parametrize("N,d,p,n,b", LTI_CASES)
+def test_lti_fast_routes_equal_the_loop(N, d, p, n, b):
+    model = LinearSSM.random(N, d, p, spectral_radius=0.95, seed=n)
+    X = np.random.default_rng(N * n).standard_normal((b, n, d))
+    loop = model(X, method="recurrence")
+    assert loop.shape == (b, n, p)
+    for method in ("fft", "scan", "auto"):
+        Y = model(X, method=method)
+        assert isinstance(Y, np.ndarray) and Y.shape == (b, n, p)
+        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
+        one = model(torch.tensor(X[-1]), method=method)  # torch in, torch out, unbatched
+        assert isinstance(one, torch.Tensor) and one.shape == (n, p)
+        np.testing.assert_allclose(one.numpy(), loop[-1], rtol=1e-10, atol=1e-12 * np.abs(loop).max())
+
+
+@pytest.mark.parametrize("n", [1, 256, 257, 1000])
+def test_lti_auto_takes_the_loop_up_to_256_then_the_scan(n):
+    model = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0)
+    X = torch.tensor(np.random.default_rng(n).standard_normal((2, n, 2)))
+    expected = "recurrence" if n <= 256 else "scan"
+    assert torch.equal(model(X), model(X, method=expected))
+
+
+def test_lti_auto_keeps_tiny_outputs_to_relative_accuracy_unlike_the_fft():
+    # Why "auto" never takes the FFT although it is often the fastest route: the FFT's
+    # rounding error is absolute (~1e-16 of the largest output), so an impulse response
+    # decaying below that is lost; the loop and the scan keep every entry to relative accuracy.
+    model = LinearSSM.random(4, 2, 2, spectral_radius=0.5, seed=0)
+    for n in (100, 300):  # the loop, then the scan under "auto"
+        X = np.zeros((n, 2))
+        X[0, 0] = 1.0  # y_i = L_i e_0
+        L = model.lags(n)[:, :, 0]
+        assert np.abs(L[-1]).max() < 1e-25
+        for method in ("recurrence", "scan", "auto"):
+            np.testing.assert_allclose(model(X, method=method), L, rtol=1e-10, atol=0)
+        fft = model(X, method="fft")
+        assert np.abs(fft - L).max() <= 1e-13 * np.abs(L).max()  # accurate only in absolute terms
+
+
+@pytest.mark.parametrize("N,d,n,b", [(1, 1, 1, 1), (1, 2, 1, 3), (2, 1, 2, 2), (3, 2, 3, 1), (1, 3, 4, 2),
+                                     (4, 2, 16, 1), (2, 2, 17, 2), (3, 1, 63, 1), (2, 3, 65, 2),
+                                     (1, 1, 400, 1)])
+def test_selective_scan_equals_the_loop(N, d, n, b):
+    # n = T² and T² + 1 cross the two-level scan's chunking (T = ceil(√n)).
+    model = SelectiveSSM.random(d, N, step_range=(0.05, 2.0), seed=n)
+    X = np.random.default_rng(n).standard_normal((b, n, d))
+    loop = model(X, method="recurrence")
+    assert loop.shape == (b, n, d)
+    for method in ("scan", "auto"):
+        Y = model(X, method=method)
+        assert Y.shape == (b, n, d)
+        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
+    np.testing.assert_array_equal(model(X), model(X, method="scan"))  # "auto" is the scan
+
+
+@pytest.mark.parametrize("N,H,dh,p,n,b", [(1, 1, 1, 1, 1, 1), (1, 2, 1, 3, 1, 2), (2, 1, 2, 1, 5, 3),
+                                          (3, 2, 2, 5, 16, 1), (1, 3, 1, 2, 17, 2), (2, 1, 1, 2, 65, 1),
+                                          (2, 2, 1, 1, 300, 2)])
+def test_ssd_scan_equals_the_loop(N, H, dh, p, n, b):
+    d = H * dh
+    model = SSD.random(d, p, N=N, heads=H, step_range=(0.05, 2.0), seed=n)
+    X = np.random.default_rng(n).standard_normal((b, n, d))
+    loop = model(X, method="recurrence")
+    assert loop.shape == (b, n, p)
+    for method in ("scan", "auto"):
+        Y = model(X, method=method)
+        assert Y.shape == (b, n, p)
+        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
+    np.testing.assert_array_equal(model(X), model(X, method="scan"))
+
+
+@pytest.mark.parametrize("make", [lambda: SelectiveSSM.random(2, 3, step_range=(0.1, 1.0), seed=0),
+                                  lambda: SSD.random(4, 3, N=2, heads=2, step_range=(0.1, 1.0), seed=0)],
+                         ids=["SelectiveSSM", "SSD"])
+def test_selective_routes_have_equal_gradients_batched(make):
+    model = make()
+    X = torch.tensor(np.random.default_rng(0).standard_normal((2, 37, model.d)), requires_grad=True)
+    (g_scan,) = torch.autograd.grad(model(X, method="scan")[:, 20].sum(), X)
+    (g_loop,) = torch.autograd.grad(model(X, method="recurrence")[:, 20].sum(), X)
+    np.testing.assert_allclose(g_scan.numpy(), g_loop.numpy(), rtol=1e-10, atol=1e-14)
+    assert np.all(g_scan.numpy()[:, 21:] == 0)
+
+
+def test_routes_agree_in_float32():
+    X = np.random.default_rng(0).standard_normal((2, 300, 2))
+    lti = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0, dtype=torch.float32)
+    sel = SelectiveSSM.random(2, 3, seed=0, dtype=torch.float32)
+    for model, methods in ((lti, ("fft", "scan", "auto")), (sel, ("scan", "auto"))):
+        loop = model(X, method="recurrence")
+        assert loop.dtype == np.float32
+        for method in methods:
+            np.testing.assert_allclose(model(X, method=method), loop, rtol=1e-4, atol=1e-5)
