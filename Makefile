@@ -14,12 +14,14 @@ BUILD_ARGS := $(if $(QUICK),--quick) $(if $(FORCE),--force $(FORCE)) $(if $(JOBS
 # make test CHECK_ARGS=--require-browser   fail instead of skipping when Chromium is missing
 CHECK_ARGS ?=
 
-.PHONY: help venv book test unit check data lab clean
+.PHONY: help venv book test unit check data lab clean bench bundle
 help:
 	@echo "make book   execute the notebooks (papermill) and build the site into _build/html"
 	@echo "make test   unit and claims tests, build the book, then check the site"
 	@echo "make lab    open the notebooks in JupyterLab from the pinned environment"
 	@echo "make data   copy the last build's result tables to data/results (on purpose)"
+	@echo "make bench  benchmarks vs baselines into data/results/bench (QUICK=1: smoke run, _build/bench)"
+	@echo "make bundle one zip to take away: site, executed notebooks, requirements, PDF"
 	@echo "make clean  remove _build"
 
 venv: $(STAMP)
@@ -40,14 +42,27 @@ unit: $(STAMP)
 check: $(STAMP)
 	$(PY) -m bookbuild check $(CHECK_ARGS)
 
-# Unit, property and claims tests first (fast feedback), then the book, then the site checks.
+# Unit, property and claims tests first (fast feedback), then the book and its offline
+# bundle, then the site checks (which include the bundle's).
 test: $(STAMP)
 	$(PY) -m pytest -q
 	$(PY) -m bookbuild build $(BUILD_ARGS)
+	$(PY) -m bookbuild bundle
 	$(PY) -m bookbuild check $(CHECK_ARGS)
 
 data: $(STAMP)
 	$(PY) -m bookbuild data
+
+# Ratios ours/baseline measured interleaved in one process, then the book build's timing.
+# QUICK=1 uses small sizes and writes _build/bench/, never the committed data/results/bench/.
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py $(if $(QUICK),--quick)
+
+# The site (built first, like `make book`), the executed notebooks, requirements.txt and a
+# PDF printed by headless Chromium, zipped into _build/bundle/how-many-heads-make-an-ssm.zip.
+bundle: $(STAMP)
+	$(PY) -m bookbuild build $(BUILD_ARGS)
+	$(PY) -m bookbuild bundle
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=.

@@ -3,6 +3,7 @@
     python -m bookbuild build [--quick] [--force PATH ...] [--jobs N]   # make book
     python -m bookbuild check [--require-browser]                       # site checks
     python -m bookbuild data                                            # make data
+    python -m bookbuild bundle                                          # make bundle
 """
 
 from __future__ import annotations
@@ -55,12 +56,27 @@ def cmd_check(args, book: Book, echo) -> int:
 
 
 def cmd_data(args, book: Book, echo) -> int:
-    from .results import refresh
+    from .results import refresh, refresh_screenshot
 
-    changed = refresh(book, echo=echo)
-    echo(f"[data] {changed} file(s) changed under data/results"
+    changed = refresh(book, echo=echo) + refresh_screenshot(book, echo=echo)
+    echo(f"[data] {changed} file(s) changed under data/results and docs/"
          + ("; review and commit them" if changed else ""))
     return 0
+
+
+def cmd_bundle(args, book: Book, echo) -> int:
+    from .bundle import build_bundle, inspect_bundle
+
+    archive = build_bundle(book, echo=echo)
+    summary = inspect_bundle(book, archive)
+    pdf = summary.pdf
+    echo(f"[bundle] {archive} ({summary.size / 1e6:.1f} MB)")
+    if pdf is not None:
+        echo(f"[bundle] book.pdf: {pdf.pages} pages, {len(pdf.math_pages)} with math, "
+             f"{pdf.image_count} images")
+    for problem in summary.problems:
+        echo(f"[bundle] PROBLEM {problem}")
+    return 1 if summary.problems else 0
 
 
 def main(argv=None) -> int:
@@ -79,6 +95,7 @@ def main(argv=None) -> int:
     check.add_argument("--require-browser", action="store_true",
                        help="fail (instead of skipping) when Chromium is missing")
     sub.add_parser("data", help="copy the build's result tables to data/results")
+    sub.add_parser("bundle", help="zip the site, executed notebooks, requirements and a PDF")
     args = parser.parse_args(argv)
     book = Book(args.root.resolve()) if args.root else Book.here()
 
@@ -86,7 +103,8 @@ def main(argv=None) -> int:
         print(line, flush=True)
 
     try:
-        return {"build": cmd_build, "check": cmd_check, "data": cmd_data}[args.command](
+        return {"build": cmd_build, "check": cmd_check, "data": cmd_data,
+                "bundle": cmd_bundle}[args.command](
             args, book, echo)
     except BookError as err:
         echo(f"[book] ERROR: {err}")

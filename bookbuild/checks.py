@@ -10,7 +10,8 @@
 (f) the reproduction ledger is complete: every claim has a numerical check within its
     tolerance, a test and a summary, and its page shows the ledger line under it;
 (g) the site search works offline (headless Chromium finds a known word);
-(h) every figure in the executed notebooks has an opaque white background (dark mode).
+(h) every figure in the executed notebooks has an opaque white background (dark mode);
+(i) the offline bundle (``make bundle``) is current and complete, its PDF typeset.
 """
 
 from __future__ import annotations
@@ -321,10 +322,24 @@ def check_figure_backgrounds(book: Book) -> CheckResult:
     return result
 
 
+# --- (i) ------------------------------------------------------------------------------
+def check_bundle_archive(book: Book) -> CheckResult:
+    from .bundle import inspect_bundle
+
+    result = CheckResult("(i) offline bundle complete, PDF typeset")
+    summary = inspect_bundle(book)
+    result.problems = summary.problems
+    if summary.pdf is not None:
+        result.summary = (f"{summary.size / 1e6:.1f} MB; PDF {summary.pdf.pages} pages, "
+                          f"{len(summary.pdf.math_pages)} with math, {summary.pdf.image_count} images")
+    return result
+
+
 def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
     checks = [check_pages(book), check_notebook_errors(book), check_offline(book),
               check_math(book, require_browser), check_results(book), check_ledger(book),
-              check_search(book, require_browser), check_figure_backgrounds(book)]
+              check_search(book, require_browser), check_figure_backgrounds(book),
+              check_bundle_archive(book)]
     for check in checks:
         if check.skipped:
             banner = "!" * 78

@@ -147,3 +147,23 @@ def refresh(book: Book, echo=print) -> int:
             echo(f"  removed  data/results/{name}")
             changed += 1
     return changed
+
+
+#: The rendered page shown in the README, from the screenshots the site check takes.
+README_SCREENSHOT = ("chapters__head-count__index.png", Path("docs") / "screenshot.png")
+
+
+def refresh_screenshot(book: Book, echo=print) -> bool:
+    """Copy the site check's screenshot of a chapter page to ``docs/`` for the README."""
+    name, target = README_SCREENSHOT
+    source = book.build / "screenshots" / name
+    if not source.exists():
+        echo(f"  (no {source.relative_to(book.root)}: run `make test` with Chromium to take it)")
+        return False
+    dest = book.root / target
+    if dest.exists() and filecmp.cmp(source, dest, shallow=False):
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, dest)
+    echo(f"  updated  {target}")
+    return True
