@@ -46,10 +46,6 @@ class Report:
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "failed"]
 
-    @property
-    def ok(self) -> bool:
-        return not self.failed and not any(o.status == "skipped" for o in self.outcomes)
-
     def to_json(self) -> dict:
         return {
             "profile": self.profile,

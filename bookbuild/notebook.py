@@ -12,6 +12,7 @@ figure style. Then::
     run.figure(fig, "operator-grid")          # footer: notebook, parameters, seed, commit
     run.table(df, "identity", atol=1e-12)     # result table (CSV) + its tolerances
     run.glue("max_error", value)              # a number for the prose ({glue:text})
+    run.check("thm-head-count", err, 1e-12, "what was measured")  # a claim's numerical check
     for item in run.progress(items, "sweep"): # progress in the terminal, not on the page
         ...
 
@@ -179,6 +180,18 @@ class NotebookRun:
             sys.__stderr__.write(line)
             sys.__stderr__.flush()
 
+    def throttled_log(self, every: float = 5.0):
+        """A `log` that prints at most one line every `every` seconds (for chatty callbacks)."""
+        last = [float("-inf")]
+
+        def log(message: str) -> None:
+            now = time.perf_counter()
+            if now - last[0] >= every:
+                last[0] = now
+                self.log(message)
+
+        return log
+
     def progress(self, items, desc: str, every: float = 5.0):
         """Iterate over ``items``, logging ``desc i/n`` at most every ``every`` seconds."""
         items = list(items)
@@ -275,19 +288,4 @@ def _interactive_commit() -> str:
     return Book(book_root()).commit()
 
 
-def load_report() -> dict:
-    """The last build's report (per-notebook status and execution seconds)."""
-    from .book import Book, read_json
-
-    return read_json(Book(book_root()).report_path, {})
-
-
-def load_manifest() -> dict:
-    """The cache manifest: per notebook, the seconds of its last successful execution."""
-    from .book import Book, read_json
-
-    return read_json(Book(book_root()).manifest_path, {})
-
-
-__all__ = ["NotebookRun", "start", "set_style", "seed_everything", "load_report",
-           "load_manifest"]
+__all__ = ["NotebookRun", "start", "set_style", "seed_everything", "book_root"]
