@@ -15,11 +15,13 @@ from .book import HELPER_SOURCE, SHARED_INPUTS, Book
 
 
 def _files(root: Path, patterns) -> list[Path]:
+    """Files matched by glob patterns; a matched folder (e.g. from ``dir/**``) brings all its files."""
     found = set()
     for pattern in patterns:
         for path in root.glob(pattern):
-            if path.is_file() and "__pycache__" not in path.parts:
-                found.add(path)
+            for file in (path.rglob("*") if path.is_dir() else [path]):
+                if file.is_file() and "__pycache__" not in file.parts:
+                    found.add(file)
     return sorted(found)
 
 

@@ -120,3 +120,19 @@ def test_quick_profile_overrides_published(fixture_book):
     assert fixture_book.parameters(NOTEBOOK, "quick") == {"seed": 3, "scale": 1.0}
     with pytest.raises(BookError, match="profile must be one of"):
         fixture_book.parameters(NOTEBOOK, "fast")
+
+
+@pytest.mark.parametrize("pattern", ["data/extra/**", "data/extra/*", "data/extra/table.csv"])
+def test_declared_inputs_enter_the_hash(fixture_book, pattern):
+    from bookbuild.cache import notebook_hash
+
+    params = yaml.safe_load(fixture_book.params_path.read_text())
+    params[NOTEBOOK]["inputs"] = [pattern]
+    fixture_book.params_path.write_text(yaml.safe_dump(params))
+    (fixture_book.root / "data" / "extra").mkdir()
+    table = fixture_book.root / "data" / "extra" / "table.csv"
+    table.write_text("a\n1\n")
+    book = Book(fixture_book.root)
+    before = notebook_hash(book, NOTEBOOK, "published")
+    table.write_text("a\n2\n")
+    assert notebook_hash(book, NOTEBOOK, "published") != before
