@@ -165,6 +165,19 @@ def find_chromium() -> str | None:
     return None
 
 
+def _browser_for(result: CheckResult, what: str, require_browser: bool) -> str | None:
+    """Chromium's path, or None after recording the missing browser on ``result``."""
+    binary = find_chromium()
+    if binary is None:
+        message = (f"Chromium not found: {what} did NOT run. "
+                   "Install it with `apt-get install -y chromium` (CI does).")
+        if require_browser:
+            result.problems.append(message)
+        else:
+            result.skipped, result.summary = True, message
+    return binary
+
+
 def _chromium(binary: str, args: list[str], timeout: int = 90) -> str:
     with tempfile.TemporaryDirectory() as profile:
         command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -195,14 +208,8 @@ def serve(directory: Path):
 
 def check_math(book: Book, require_browser: bool = False) -> CheckResult:
     result = CheckResult("(d) math typeset in headless Chromium, screenshots")
-    binary = find_chromium()
+    binary = _browser_for(result, "the MathJax check and the screenshots", require_browser)
     if binary is None:
-        message = ("Chromium not found: the MathJax check and the screenshots did NOT run. "
-                   "Install it with `apt-get install -y chromium` (CI does).")
-        if require_browser:
-            result.problems.append(message)
-        else:
-            result.skipped, result.summary = True, message
         return result
     shots = book.build / "screenshots"
     shutil.rmtree(shots, ignore_errors=True)
@@ -274,13 +281,8 @@ def check_ledger(book: Book) -> CheckResult:
 # --- (g) ------------------------------------------------------------------------------
 def check_search(book: Book, require_browser: bool = False, word: str = "Eckart") -> CheckResult:
     result = CheckResult("(g) site search works offline")
-    binary = find_chromium()
+    binary = _browser_for(result, "the search check", require_browser)
     if binary is None:
-        message = "Chromium not found: the search check did NOT run."
-        if require_browser:
-            result.problems.append(message)
-        else:
-            result.skipped, result.summary = True, message
         return result
     server = serve(book.html)
     try:

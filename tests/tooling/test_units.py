@@ -8,6 +8,7 @@ import yaml
 from nbformat.v4 import new_code_cell, new_notebook
 
 from bookbuild.book import Book, BookError
+from bookbuild import checks
 from bookbuild.checks import external_resources, typeset_counts
 from bookbuild.normalize import normalize
 from bookbuild.results import compare_table
@@ -136,3 +137,13 @@ def test_declared_inputs_enter_the_hash(fixture_book, pattern):
     before = notebook_hash(book, NOTEBOOK, "published")
     table.write_text("a\n2\n")
     assert notebook_hash(book, NOTEBOOK, "published") != before
+
+
+@pytest.mark.parametrize("check", [checks.check_math, checks.check_search])
+def test_missing_browser_is_a_skip_or_a_failure_never_a_pass(fixture_book, monkeypatch, check):
+    monkeypatch.setattr(checks, "find_chromium", lambda: None)
+    skipped = check(fixture_book, require_browser=False)
+    assert skipped.skipped and "did NOT run" in skipped.summary and not skipped.problems
+    required = check(fixture_book, require_browser=True)
+    assert not required.skipped and not required.ok
+    assert "Chromium not found" in required.problems[0]
