@@ -71,13 +71,13 @@ def _recording(model, seen: list):
             for name in ("recurrence", "fft", "scan"):
                 delattr(model, f"_{name}")
     else:
-        loop, scan = lib.ssm._affine_loop, lib.ssm._affine_scan
+        loop, scan = lib.ssm._affine_loop, lib.ssm._TimeChunks.scan
         lib.ssm._affine_loop = lambda a, u: (seen.append("recurrence"), loop(a, u))[1]
-        lib.ssm._affine_scan = lambda a, u: (seen.append("scan"), scan(a, u))[1]
+        lib.ssm._TimeChunks.scan = lambda self, a, u: (seen.append("scan"), scan(self, a, u))[1]
         try:
             yield
         finally:
-            lib.ssm._affine_loop, lib.ssm._affine_scan = loop, scan
+            lib.ssm._affine_loop, lib.ssm._TimeChunks.scan = loop, scan
 
 
 def auto_route(model, L: int) -> str:

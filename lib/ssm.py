@@ -77,39 +77,53 @@ class _Routed(SequenceMap):
         return self._apply(lambda X: self._forward(X, method), X)
 
 
-def _affine_scan(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """All states of h_t = a_t h_{t−1} + u_t, h_{−1} = 0, along dim 1; `a` broadcasts against `u`.
+class _TimeChunks:
+    """The two-level scan of h_t = a_t h_{t−1} + u_t, h_{−1} = 0, and the layout it runs in.
 
-    A two-level scan: split time into K ≈ √n chunks of T ≈ √n steps; run all chunks
-    at once from a zero state (T vectorised steps), carry the state across chunks
-    (K small steps), then add each chunk's entering state times the decay since
-    the chunk began.  About 2√n sequential steps instead of n.  Only products of
-    the a's are formed, so decays in (0, 1] stay in (0, 1]: nothing overflows on
-    long sequences.
+    Time is split into K ≈ √n chunks of T ≈ √n steps.  `split` lays a (b, n, ...)
+    tensor out as (T, b, K, ...): step-within-chunk leads, so each of the scan's
+    steps reads one contiguous slab.  Callers split their small per-step factors
+    (Δ, x, B, C) and build the large (d × N per step) decays and drives already in
+    this layout, so no large tensor is ever transposed.  `scan` runs all chunks at
+    once from a zero state (T vectorised steps), carries the state across chunks
+    (K small steps), then adds each chunk's entering state times the decay since
+    the chunk began: about 2√n sequential steps instead of n.  Only products of the
+    a's are formed, so decays in (0, 1] stay in (0, 1]: nothing overflows on long
+    sequences.  `join` undoes `split`.  The padding at the end never reaches a kept
+    output (the recurrence is causal), so its value does not matter.
     """
-    b, n = u.shape[:2]
-    T = math.isqrt(n - 1) + 1  # ceil(√n)
-    K = -(-n // T)
 
-    def chunked(x: torch.Tensor, fill: float) -> torch.Tensor:
-        padding = torch.full((x.shape[0], K * T - n, *x.shape[2:]), fill, dtype=x.dtype)
-        return torch.cat([x, padding], 1).reshape(x.shape[0], K, T, *x.shape[2:])
+    def __init__(self, n: int):
+        self.n = n
+        self.T = math.isqrt(n - 1) + 1  # ceil(√n)
+        self.K = -(-n // self.T)
 
-    a, u = chunked(a, 1.0), chunked(u, 0.0)
-    h, since_start = torch.zeros_like(u[:, :, 0]), torch.ones_like(a[:, :, 0])
-    local, decay = [], []
-    for t in range(T):
-        h = a[:, :, t] * h + u[:, :, t]
-        since_start = a[:, :, t] * since_start
-        local.append(h)
-        decay.append(since_start)
-    local, decay = torch.stack(local, 2), torch.stack(decay, 2)
-    s, entering = torch.zeros_like(u[:, 0, 0]), []
-    for c in range(K):
-        entering.append(s)
-        s = decay[:, c, -1] * s + local[:, c, -1]
-    states = local + decay * torch.stack(entering, 1)[:, :, None]
-    return states.reshape(b, K * T, *u.shape[3:])[:, :n]
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, n, ...) -> (T, b, K, ...)."""
+        padding = self.K * self.T - self.n
+        if padding:
+            x = torch.cat([x, x.new_zeros((x.shape[0], padding, *x.shape[2:]))], 1)
+        return x.reshape(x.shape[0], self.K, self.T, *x.shape[2:]).movedim(2, 0).contiguous()
+
+    def join(self, y: torch.Tensor) -> torch.Tensor:
+        """(T, b, K, ...) -> (b, n, ...)."""
+        return y.movedim(0, 2).reshape(y.shape[1], self.K * self.T, *y.shape[3:])[:, :self.n]
+
+    def scan(self, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """All states, in the split layout; `a` (split) broadcasts against `u` (split)."""
+        h, since_start = torch.zeros_like(u[0]), torch.ones_like(a[0])
+        local, decay = [], []
+        for a_t, u_t in zip(a.unbind(0), u.unbind(0)):
+            h = torch.addcmul(u_t, a_t, h)
+            since_start = a_t * since_start
+            local.append(h)
+            decay.append(since_start)
+        local, decay = torch.stack(local), torch.stack(decay)
+        s, entering = torch.zeros_like(u[0, :, 0]), []
+        for c in range(self.K):
+            entering.append(s)
+            s = torch.addcmul(local[-1, :, c], decay[-1, :, c], s)
+        return torch.addcmul(local, decay, torch.stack(entering, 1))
 
 
 def _segment_sums(x: torch.Tensor) -> torch.Tensor:
@@ -454,10 +468,14 @@ class SelectiveSSM(_Routed):
 
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._selection(X)
+        chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
+        if chunks:  # the same formulas below, in the scan's layout
+            delta, X, B, C = map(chunks.split, (delta, X, B, C))
         decay = torch.exp(delta[..., None] * -torch.exp(self._A_log))  # exp(Δ_t[c] A[c]), (b, n, d, N)
-        drive = (delta * X)[..., None] * B[:, :, None, :]                # Δ_t[c] x_t[c] B_t, (b, n, d, N)
-        states = (_affine_loop if method == "recurrence" else _affine_scan)(decay, drive)
-        return torch.einsum("btcn,btn->btc", states, C)
+        drive = (delta * X)[..., None] * B[..., None, :]                 # Δ_t[c] x_t[c] B_t, (b, n, d, N)
+        states = chunks.scan(decay, drive) if chunks else _affine_loop(decay, drive)
+        Y = torch.einsum("...cn,...n->...c", states, C)
+        return chunks.join(Y) if chunks else Y
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         delta, B, C = self._selection(X)
@@ -554,14 +572,16 @@ class SSD(_Routed):
         return F.softplus(X @ self._W_delta.T + self._b_delta)  # Δ_t^h, (b, n, H)
 
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
-        b, n, _ = X.shape
-        delta = self._steps(X)
+        delta, B, C = self._steps(X), X @ self._W_B.T, X @ self._W_C.T
+        chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
+        if chunks:  # the same formulas below, in the scan's layout
+            delta, X, B, C = map(chunks.split, (delta, X, B, C))
         decay = torch.exp(delta * -torch.exp(self._A_log))[..., None, None]  # (b, n, H, 1, 1)
-        heads = (delta[..., None] * X.reshape(b, n, self.H, -1))            # Δ_t^h x_t^{(h)}, (b, n, H, d_h)
-        drive = (X @ self._W_B.T)[:, :, None, :, None] * heads[:, :, :, None, :]  # (b, n, H, N, d_h)
-        states = (_affine_loop if method == "recurrence" else _affine_scan)(decay, drive)
-        outputs = torch.einsum("bthnk,btn->bthk", states, X @ self._W_C.T).reshape(b, n, self.d)
-        return outputs @ self._W_O.T
+        heads = delta[..., None] * X.unflatten(-1, (self.H, -1))            # Δ_t^h x_t^{(h)}, (b, n, H, d_h)
+        drive = B[..., None, :, None] * heads[..., None, :]                 # (b, n, H, N, d_h)
+        states = chunks.scan(decay, drive) if chunks else _affine_loop(decay, drive)
+        outputs = torch.einsum("...hnk,...n->...hk", states, C).flatten(-2)
+        return (chunks.join(outputs) if chunks else outputs) @ self._W_O.T
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         n = X.shape[1]
