@@ -43,7 +43,6 @@ import math  # noqa: E402
 import multiprocessing  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
@@ -75,14 +74,6 @@ def pin_threads() -> None:
 # --------------------------------------------------------------------------------------
 # Machine facts
 # --------------------------------------------------------------------------------------
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
 def _meminfo_gib(field: str) -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -108,15 +99,14 @@ def machine_facts() -> list[tuple[str, str]]:
     import numpy as np
     import torch
 
+    from bookbuild.book import Book
     from bookbuild.environment import cpu_model
 
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
-        commit += "-dirty"
+    commit = Book(ROOT).commit(ignoring=(str(COMMITTED.relative_to(ROOT)),))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return [
         ("date (UTC)", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")),

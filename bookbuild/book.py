@@ -177,16 +177,21 @@ class Book:
             raise BookError(f"data/params.yaml has entries for notebooks not in _toc.yml: {stale}")
 
     # --- provenance ---------------------------------------------------------------------
-    def commit(self) -> str:
-        """Short commit of the checkout, with ``-dirty`` for uncommitted changes."""
+    def commit(self, ignoring: tuple[str, ...] = ()) -> str:
+        """Short commit of the checkout, with ``-dirty`` for uncommitted changes.
+
+        Changes under the folders in ``ignoring`` do not count (a benchmark run
+        rewrites its own result tables before the next script records the commit).
+        """
+        excluded = [f":(exclude){folder}" for folder in ignoring]
         try:
             head = subprocess.run(
                 ["git", "rev-parse", "--short=10", "HEAD"], cwd=self.root, check=True,
                 capture_output=True, text=True,
             ).stdout.strip()
             dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=self.root,
-                check=True, capture_output=True, text=True,
+                ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded],
+                cwd=self.root, check=True, capture_output=True, text=True,
             ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return "unknown"

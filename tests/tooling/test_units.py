@@ -147,3 +147,25 @@ def test_missing_browser_is_a_skip_or_a_failure_never_a_pass(fixture_book, monke
     required = check(fixture_book, require_browser=True)
     assert not required.skipped and not required.ok
     assert "Chromium not found" in required.problems[0]
+
+
+def test_commit_is_dirty_unless_only_ignored_folders_changed(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "t.csv").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    book = Book(tmp_path)
+    assert not book.commit().endswith("-dirty")
+    (tmp_path / "tables" / "t.csv").write_text("b\n")
+    assert book.commit().endswith("-dirty")
+    assert not book.commit(ignoring=("tables",)).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert book.commit(ignoring=("tables",)).endswith("-dirty")
