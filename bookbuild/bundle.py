@@ -42,11 +42,12 @@ from .site import STAMP
 NAME = "how-many-heads-make-an-ssm"
 ARCHIVE = f"{NAME}.zip"
 
-#: Printing the 80-page book takes ~20 s; allow for slower machines and longer books.
+#: Printing the book takes well under a minute; allow for slower machines and longer books.
 PRINT_TIMEOUT = 600
 
 #: Injected into the single page before printing: A4, each toc page starts on a new PDF page
 #: (so every document owns its pages), no box shadows (Chromium rasterises them into images),
+#: code and text outputs wrapped at the page edge (paper cannot scroll sideways),
 #: and a hidden link to every document so Chromium writes a named destination for each one
 #: (``/document-<docname>``), from which :func:`analyse_pdf` finds each document's pages.
 PRINT_CSS = """<style media="print">
@@ -54,6 +55,7 @@ PRINT_CSS = """<style media="print">
 span[id^="document-"] { display: block; break-before: page; }
 :root:root:root *, :root:root:root *::before, :root:root:root *::after {
   box-shadow: none !important; text-shadow: none !important; }
+pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }
 </style>"""
 
 README = """\
