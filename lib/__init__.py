@@ -13,7 +13,8 @@ from .factorized import RelativeHeads, factorized_operator
 from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, is_causal, operator_norms, toeplitz_operator
 from .recurrent import ElmanRNN
-from .spans import OperatorSpan, interaction_rank, interaction_span, operator_span
+from .spans import (OperatorSpan, PointwiseMultiple, interaction_rank, interaction_span, operator_span,
+                    pointwise_multiple, sine_to_line)
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .zoo import Architecture, architecture_zoo
 from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matrix, lag_span_bound, min_heads,
@@ -49,6 +50,9 @@ __all__ = [
     "operator_span",
     "interaction_span",
     "interaction_rank",
+    "sine_to_line",
+    "PointwiseMultiple",
+    "pointwise_multiple",
     # checks
     "relative_error",
     "identity_error",

@@ -16,9 +16,10 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ._validation import as_real_tensor, as_sequence, check_rtol
+from ._validation import as_real_tensor, as_sequence, check_rtol, check_shape
 
-__all__ = ["OperatorSpan", "operator_span", "interaction_span", "interaction_rank"]
+__all__ = ["OperatorSpan", "operator_span", "interaction_span", "interaction_rank",
+           "sine_to_line", "PointwiseMultiple", "pointwise_multiple"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,78 @@ def interaction_rank(model: Any, inputs: Any, rtol: float = 1e-10) -> int:
         The numerical dimension (an int between 0 and p·d).
     """
     return interaction_span(model, inputs, rtol).dim
+
+
+def _as_float64(value: Any, name: str, shape: tuple, dims: dict[str, int]) -> np.ndarray:
+    # A finite real array of the given symbolic shape (binding its symbols in dims), as float64 numpy.
+    tensor, _ = as_real_tensor(value, name)
+    check_shape(tensor, name, shape, dims)
+    return tensor.detach().cpu().to(torch.float64).numpy()
+
+
+def sine_to_line(a: Any, b: Any) -> float:
+    """Distance of a from the line span{b}, relative to ‖a‖: the sine of the angle between them.
+
+    Args:
+        a, b: vectors of the same shape (p,).
+
+    Returns:
+        ‖a − proj_b a‖ / ‖a‖ in [0, 1]: 0 when a is a multiple of b (and when a = 0);
+        1 when b = 0 and a ≠ 0, since then the line is {0}.
+    """
+    dims: dict[str, int] = {}
+    a, b = _as_float64(a, "a", ("p",), dims), _as_float64(b, "b", ("p",), dims)
+    norm_a, norm_b = np.linalg.norm(a), np.linalg.norm(b)
+    if norm_a == 0:
+        return 0.0
+    if norm_b == 0:
+        return 1.0
+    return float(min(1.0, np.linalg.norm(a - (a @ b) / (b @ b) * b) / norm_a))
+
+
+@dataclass(frozen=True)
+class PointwiseMultiple:
+    """How far L acts as a multiple of V on probe inputs u ({prf:ref}`lem-pointwise-multiple`).
+
+    Attributes:
+        largest_sine: max over u of `sine_to_line(L u, V u)`; 0 when every L u lies
+            on the line of V u.
+        factors: c(u) = ⟨Lu, Vu⟩ / ‖Vu‖² per input (NaN where Vu = 0), shape (m,).
+        factor_spread: (max c − min c) / max |c| over the defined factors (0 when
+            L = cV, c ≠ 0; NaN when no factor is defined or all are 0).
+    """
+
+    largest_sine: float
+    factors: np.ndarray
+    factor_spread: float
+
+
+def pointwise_multiple(L: Any, V: Any, inputs: Any) -> PointwiseMultiple:
+    """Probe the hypothesis and the conclusion of {prf:ref}`lem-pointwise-multiple`.
+
+    The lemma: if L u ∈ span{V u} for every u, then L = cV with one scalar c.
+    `largest_sine` measures the hypothesis on the given u, `factor_spread` the
+    conclusion (one c for all u).
+
+    Args:
+        L, V: operators of the same shape (p, d).
+        inputs: probe vectors u, shape (m, d).
+
+    Returns:
+        PointwiseMultiple (largest_sine, factors of shape (m,), factor_spread).
+    """
+    dims: dict[str, int] = {}
+    L, V, us = (_as_float64(value, name, shape, dims) for value, name, shape in
+                ((L, "L", ("p", "d")), (V, "V", ("p", "d")), (inputs, "inputs", ("m", "d"))))
+    Lu, Vu = us @ L.T, us @ V.T
+    energy = np.einsum("mp,mp->m", Vu, Vu)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        factors = np.where(energy > 0, np.einsum("mp,mp->m", Lu, Vu) / energy, np.nan)
+    defined = factors[~np.isnan(factors)]
+    scale = np.abs(defined).max() if len(defined) else 0.0
+    spread = float((defined.max() - defined.min()) / scale) if scale > 0 else float("nan")
+    return PointwiseMultiple(largest_sine=max(sine_to_line(a, b) for a, b in zip(Lu, Vu)),
+                             factors=factors, factor_spread=spread)
 
 
 def _sequences(inputs: Any, d: int) -> Iterable[torch.Tensor]:

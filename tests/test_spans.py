@@ -1,12 +1,15 @@
 """Operator spans and interaction rank (lib.spans)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib import Dense, LinearSSM, OperatorSpan, SoftmaxAttention, interaction_rank, interaction_span, operator_span
+from lib import (Dense, LinearSSM, OperatorSpan, SoftmaxAttention, interaction_rank, interaction_span, operator_span,
+                 pointwise_multiple, sine_to_line)
 
 
 def random_rank_r(rng, m, p, d, r):
@@ -130,25 +133,73 @@ def test_interaction_rank_many_inputs_is_compressed_exactly():
 
 # -- lem-pointwise-multiple --------------------------------------------------------------------
 
-def _pointwise_factors(L, V, us):
-    return np.array([((L @ u) @ (V @ u)) / ((V @ u) @ (V @ u)) for u in us])
-
-
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_lem_pointwise_multiple_factor_is_one_constant_when_L_is_a_multiple(rank):
     rng = np.random.default_rng(rank)
     V = rng.standard_normal((3, rank)) @ rng.standard_normal((rank, 3))
     L = -1.7 * V
-    factors = _pointwise_factors(L, V, rng.standard_normal((50, 3)))
-    np.testing.assert_allclose(factors, -1.7, rtol=1e-12)
+    probe = pointwise_multiple(L, V, rng.standard_normal((50, 3)))
+    np.testing.assert_allclose(probe.factors, -1.7, rtol=1e-12)
+    assert probe.largest_sine < 1e-12 and probe.factor_spread < 1e-12
     assert operator_span(np.stack([L, V])).dim == 1
 
 
 def test_lem_pointwise_multiple_fails_pointwise_when_L_is_not_a_multiple():
     # Contrapositive: span{L, V} of dimension 2 => some u has Lu outside span{Vu}.
+    # The sines are recomputed independently from the cross product (p = 3).
     rng = np.random.default_rng(9)
     V, L = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
     assert operator_span(np.stack([L, V])).dim == 2
     us = rng.standard_normal((50, 3))
     sines = [np.linalg.norm(np.cross(L @ u, V @ u)) / (np.linalg.norm(L @ u) * np.linalg.norm(V @ u)) for u in us]
     assert max(sines) > 1e-2
+    probe = pointwise_multiple(L, V, us)
+    assert probe.largest_sine == pytest.approx(max(sines), rel=1e-10)
+    assert probe.factor_spread > 1e-2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 3))
+def test_sine_to_line_matches_the_cross_product(seed, p):
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal(p), rng.standard_normal(p)
+    a3, b3 = np.pad(a, (0, 3 - p)), np.pad(b, (0, 3 - p))
+    expected = np.linalg.norm(np.cross(a3, b3)) / (np.linalg.norm(a) * np.linalg.norm(b))
+    assert sine_to_line(a, b) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert sine_to_line(torch.tensor(a), torch.tensor(-3.0 * a)) < 1e-15
+
+
+def test_sine_to_line_edge_cases():
+    assert sine_to_line([0.0, 0.0], [1.0, 2.0]) == 0.0   # the zero vector is on every line
+    assert sine_to_line([1.0, 0.0], [0.0, 0.0]) == 1.0   # the line through 0 is {0}
+    assert sine_to_line([1.0, 0.0], [0.0, 5.0]) == 1.0
+
+
+def test_pointwise_multiple_leaves_undefined_factors_out():
+    V = np.array([[1.0, 0.0], [0.0, 0.0]])   # V u = 0 for u = (0, 1)
+    probe = pointwise_multiple(2 * V, V, [[1.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
+    assert np.isnan(probe.factors[1]) and probe.factors[[0, 2]] == pytest.approx([2.0, 2.0])
+    assert probe.largest_sine == 0.0 and probe.factor_spread == 0.0
+    # L u ≠ 0 where V u = 0: the hypothesis of the lemma fails there, and the sine says so.
+    assert pointwise_multiple(np.eye(2), V, [[0.0, 1.0]]).largest_sine == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (([1.0, 2.0], [1.0, 2.0, 3.0]), "b must have shape (p,) = (2,)"),
+    (([[1.0]], [1.0]), "a must have shape (p,)"),
+    (([np.nan, 1.0], [1.0, 1.0]), "a must be finite"),
+])
+def test_sine_to_line_bad_input_names_the_argument(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sine_to_line(*args)
+
+
+@pytest.mark.parametrize("L, V, inputs, message", [
+    (np.eye(2), np.eye(3), np.ones((4, 2)), "V must have shape (p, d) = (2, 2)"),
+    (np.eye(2), np.eye(2), np.ones((4, 3)), "inputs must have shape (m, d) = (4, 2)"),
+    (np.eye(2), np.eye(2), np.ones(2), "inputs must have shape (m, d)"),
+    (np.full((2, 2), np.inf), np.eye(2), np.ones((4, 2)), "L must be finite"),
+])
+def test_pointwise_multiple_bad_input_names_the_argument(L, V, inputs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pointwise_multiple(L, V, inputs)
