@@ -22,7 +22,7 @@ from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matri
                     truncated_heads)
 from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
 from .gradients import (DecayBound, DecayFit, fit_decay_rate, gradient_reach, jacobian_norms, lag_norms, one_hop,
-                        planted_key_input, ssm_decay_bound, with_constant_step)
+                        planted_key_input, ssm_decay_bound, stack_decay_bound, with_constant_step)
 from .stacks import Stack
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "lag_norms",
     "DecayBound",
     "ssm_decay_bound",
+    "stack_decay_bound",
     "DecayFit",
     "fit_decay_rate",
     "planted_key_input",

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
-                 RelativeHeads, SelectiveSSM, SoftmaxAttention, apply_operator, identity_error)
-from lib.gradients import jacobian_norms, planted_key_input
+                 RelativeHeads, SelectiveSSM, SoftmaxAttention, apply_operator, identity_error, s4d_ssm)
+from lib.gradients import jacobian_norms, planted_key_input, stack_decay_bound
 from lib.stacks import Stack
 
 FAST = settings(max_examples=20, deadline=None)
@@ -160,18 +160,40 @@ def test_stack_validation():
 
 @pytest.mark.parametrize("depth, residual", [(1, True), (3, True), (3, False), (5, True)])
 def test_prop_stack_decay_bound_holds_for_residual_and_plain_stacks(depth, residual):
-    from lib import s4d_ssm
-
     rho, n, width = 0.8, 60, 2
-    layers = [s4d_ssm(4, width, rho, seed=10 + k) for k in range(depth)]
-    constants = []
-    distances = np.arange(n)
-    for layer in layers:
-        lags = layer.lags(n)
-        if residual:
-            lags[0] += np.eye(width)
-        constants.append(max(1.0, float((np.linalg.norm(lags, axis=(1, 2)) / rho ** distances).max())))
-    bound = np.prod(constants) * np.array([comb(D + depth - 1, depth - 1) for D in distances]) * rho ** distances
+    stack = Stack([s4d_ssm(4, width, rho, seed=10 + k) for k in range(depth)], residual=residual)
+    bound = stack_decay_bound(stack, n, rho)
     X = np.random.default_rng(depth).standard_normal((n, width))
-    profile = jacobian_norms(Stack(layers, residual=residual), X, n - 1)[::-1]
-    assert (profile <= bound * (1 + 1e-9)).all()
+    profile = jacobian_norms(stack, X, n - 1)[::-1]
+    assert bound.shape == (n,) and (profile <= bound * (1 + 1e-9)).all()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_prop_stack_decay_bound_is_attained_by_scalar_layers(depth):
+    # L plain layers y_t = Σ_ℓ r^ℓ x_{t−ℓ}: each K = 1, and the stack's lag-D kernel is the
+    # number of compositions of D into L parts times r^D — the bound, with equality.
+    r, n = 0.9, 40
+    stack = Stack([LinearSSM([[r]], [[1.0]], [[1.0]]) for _ in range(depth)])
+    exact = np.array([comb(D + depth - 1, depth - 1) * r ** D for D in range(n)])
+    np.testing.assert_allclose(stack_decay_bound(stack, n, r), exact, rtol=1e-12)
+    profile = jacobian_norms(stack, np.ones((n, 1)), n - 1)[::-1]
+    np.testing.assert_allclose(profile, exact, rtol=1e-10)
+
+
+def test_stack_decay_bound_residual_adds_the_identity_at_lag_zero():
+    # One scalar residual layer: kernel 1 + 1 at lag 0, r^ℓ after; K = max(2, 1) = 2.
+    r, n = 0.5, 10
+    stack = Stack([LinearSSM([[r]], [[1.0]], [[1.0]])], residual=True)
+    np.testing.assert_allclose(stack_decay_bound(stack, n, r), 2 * r ** np.arange(n), rtol=1e-12)
+
+
+def test_stack_decay_bound_bad_input():
+    ssm = s4d_ssm(2, 2, 0.5, seed=0)
+    with pytest.raises(TypeError, match="stack must be a Stack"):
+        stack_decay_bound(ssm, 5, 0.5)
+    with pytest.raises(TypeError, match=r"stack.layers\[1\] must be a LinearSSM"):
+        stack_decay_bound(Stack([ssm, SoftmaxAttention.random(2, 2, seed=0)]), 5, 0.5)
+    with pytest.raises(ValueError, match="rate must be in"):
+        stack_decay_bound(Stack([ssm]), 5, 1.0)
+    with pytest.raises(ValueError, match="n must be"):
+        stack_decay_bound(Stack([ssm]), 0, 0.5)
