@@ -469,13 +469,13 @@ class SelectiveSSM(_Routed):
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._selection(X)
         chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
-        if chunks:  # the same formulas below, in the scan's layout
+        if chunks is not None:  # the same formulas below, in the scan's layout
             delta, X, B, C = map(chunks.split, (delta, X, B, C))
         decay = torch.exp(delta[..., None] * -torch.exp(self._A_log))  # exp(Δ_t[c] A[c]), (b, n, d, N)
         drive = (delta * X)[..., None] * B[..., None, :]                 # Δ_t[c] x_t[c] B_t, (b, n, d, N)
-        states = chunks.scan(decay, drive) if chunks else _affine_loop(decay, drive)
+        states = _affine_loop(decay, drive) if chunks is None else chunks.scan(decay, drive)
         Y = torch.einsum("...cn,...n->...c", states, C)
-        return chunks.join(Y) if chunks else Y
+        return Y if chunks is None else chunks.join(Y)
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         delta, B, C = self._selection(X)
@@ -574,14 +574,14 @@ class SSD(_Routed):
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._steps(X), X @ self._W_B.T, X @ self._W_C.T
         chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
-        if chunks:  # the same formulas below, in the scan's layout
+        if chunks is not None:  # the same formulas below, in the scan's layout
             delta, X, B, C = map(chunks.split, (delta, X, B, C))
         decay = torch.exp(delta * -torch.exp(self._A_log))[..., None, None]  # (b, n, H, 1, 1)
         heads = delta[..., None] * X.unflatten(-1, (self.H, -1))            # Δ_t^h x_t^{(h)}, (b, n, H, d_h)
         drive = B[..., None, :, None] * heads[..., None, :]                 # (b, n, H, N, d_h)
-        states = chunks.scan(decay, drive) if chunks else _affine_loop(decay, drive)
+        states = _affine_loop(decay, drive) if chunks is None else chunks.scan(decay, drive)
         outputs = torch.einsum("...hnk,...n->...hk", states, C).flatten(-2)
-        return (chunks.join(outputs) if chunks else outputs) @ self._W_O.T
+        return (outputs if chunks is None else chunks.join(outputs)) @ self._W_O.T
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         n = X.shape[1]
