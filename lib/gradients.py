@@ -230,7 +230,7 @@ def stack_decay_bound(stack: Stack, n: int, rate: float) -> np.ndarray:
         if stack.residual:
             lags[0] += np.eye(layer.d)
         with np.errstate(divide="ignore"):
-            log_norms = np.log(np.linalg.norm(lags, axis=(1, 2)))
+            log_norms = np.log(_block_norms(lags))  # far lags are tiny: keep them from underflowing
         log_constant += float(np.max(log_norms - distances * math.log(rate)))
     depth = len(stack.layers)
     log_paths = np.log([float(math.comb(D + depth - 1, depth - 1)) for D in distances])  # compositions of D

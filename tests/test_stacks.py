@@ -187,6 +187,15 @@ def test_stack_decay_bound_residual_adds_the_identity_at_lag_zero():
     np.testing.assert_allclose(stack_decay_bound(stack, n, r), 2 * r ** np.arange(n), rtol=1e-12)
 
 
+def test_stack_decay_bound_keeps_tiny_far_lags():
+    # A Jordan block has lags L_ℓ = ℓ r^{ℓ−1} (B = e2, C = e1ᵀ), so K = max_ℓ ℓ / r = (n − 1) / r
+    # sits at the farthest lag, about 1e-177 here: squaring it would underflow to 0.
+    r, n = 0.5, 600
+    stack = Stack([LinearSSM([[r, 1.0], [0.0, r]], [[0.0], [1.0]], [[1.0, 0.0]])])
+    expected = (n - 1) / r * r ** np.arange(n)
+    np.testing.assert_allclose(stack_decay_bound(stack, n, r), expected, rtol=1e-12)
+
+
 def test_stack_decay_bound_bad_input():
     ssm = s4d_ssm(2, 2, 0.5, seed=0)
     with pytest.raises(TypeError, match="stack must be a Stack"):
