@@ -141,12 +141,16 @@ def sine_to_line(a: Any, b: Any) -> float:
     """
     dims: dict[str, int] = {}
     a, b = _as_float64(a, "a", ("p",), dims), _as_float64(b, "b", ("p",), dims)
-    norm_a, norm_b = np.linalg.norm(a), np.linalg.norm(b)
-    if norm_a == 0:
-        return 0.0
-    if norm_b == 0:
-        return 1.0
-    return float(min(1.0, np.linalg.norm(a - (a @ b) / (b @ b) * b) / norm_a))
+    return float(_row_sines(a[None], b[None])[0])
+
+
+def _row_sines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # sine_to_line for each row pair of a and b, shape (m, p) each -> (m,).
+    norm_a, energy_b = np.linalg.norm(a, axis=1), np.einsum("mp,mp->m", b, b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        residual = np.linalg.norm(a - (np.einsum("mp,mp->m", a, b) / energy_b)[:, None] * b, axis=1)
+        sines = np.minimum(1.0, residual / norm_a)
+    return np.where(norm_a == 0, 0.0, np.where(energy_b == 0, 1.0, sines))
 
 
 @dataclass(frozen=True)
@@ -190,8 +194,7 @@ def pointwise_multiple(L: Any, V: Any, inputs: Any) -> PointwiseMultiple:
     defined = factors[~np.isnan(factors)]
     scale = np.abs(defined).max() if len(defined) else 0.0
     spread = float((defined.max() - defined.min()) / scale) if scale > 0 else float("nan")
-    return PointwiseMultiple(largest_sine=max(sine_to_line(a, b) for a, b in zip(Lu, Vu)),
-                             factors=factors, factor_spread=spread)
+    return PointwiseMultiple(largest_sine=float(_row_sines(Lu, Vu).max()), factors=factors, factor_spread=spread)
 
 
 def _sequences(inputs: Any, d: int) -> Iterable[torch.Tensor]:
