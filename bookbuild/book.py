@@ -132,7 +132,10 @@ class Book:
         """``data/params.yaml`` as a dict keyed by notebook path (str)."""
         if not self.params_path.exists():
             raise BookError(f"{self.params_path} not found")
-        data = yaml.safe_load(self.params_path.read_text()) or {}
+        try:
+            data = yaml.safe_load(self.params_path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise BookError(f"{_yaml_error(err, self.params_path.relative_to(self.root))}") from None
         if not isinstance(data, dict):
             raise BookError(f"{self.params_path}: expected a mapping from notebook path to entry")
         return data
@@ -157,6 +160,29 @@ class Book:
             )
         return entry
 
+    def parameter_cell_names(self, notebook: Path | str) -> set[str]:
+        """Names assigned in the cell tagged ``parameters`` of a source notebook."""
+        import ast
+
+        import nbformat
+
+        path = self.root / str(notebook)
+        cells = [c for c in nbformat.read(path, as_version=4).cells
+                 if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+        if len(cells) != 1:
+            raise BookError(f"{notebook}: needs exactly one code cell tagged 'parameters'; "
+                            f"found {len(cells)}")
+        try:
+            tree = ast.parse(cells[0].source)
+        except SyntaxError as err:
+            raise BookError(f"{notebook}: parameters cell line {err.lineno}: {err.msg}") from None
+        names = set()
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        return names
+
     def parameters(self, notebook: Path | str, profile: str) -> dict:
         """Parameters in force for ``notebook`` under ``profile`` (quick overrides published)."""
         if profile not in PROFILES:
@@ -168,10 +194,18 @@ class Book:
         return values
 
     def check_params_cover_toc(self) -> None:
-        """Every toc notebook has an entry and every entry names a toc notebook."""
+        """Every toc notebook has an entry, every entry names a toc notebook, and every
+        parameter an entry sets is defined in that notebook's parameters cell."""
         listed = {str(p) for p in self.notebooks}
-        for nb in listed:
-            self.entry(nb)
+        for nb in sorted(listed):
+            published = self.entry(nb).get("published") or {}
+            defined = self.parameter_cell_names(nb)
+            undefined = sorted(set(published) - defined)
+            if undefined:
+                # papermill would inject them as new variables that the notebook never reads.
+                raise BookError(
+                    f"data/params.yaml, {nb}: {', '.join(map(repr, undefined))} not defined in "
+                    f"the notebook's parameters cell (it defines {', '.join(sorted(defined))})")
         stale = sorted(set(self.params) - listed)
         if stale:
             raise BookError(f"data/params.yaml has entries for notebooks not in _toc.yml: {stale}")
@@ -196,6 +230,14 @@ class Book:
         except (OSError, subprocess.CalledProcessError):
             return "unknown"
         return head + ("-dirty" if dirty else "")
+
+
+def _yaml_error(err: "yaml.YAMLError", name: Path) -> str:
+    """One line naming the file and line of a YAML syntax error."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{name}, line {mark.line + 1}" if mark is not None else str(name)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}: invalid YAML ({problem})"
 
 
 def read_json(path: Path, default):

@@ -212,11 +212,9 @@ def _check_name(name: str) -> None:
 
 
 def _load_entry(notebook: str) -> dict:
-    params_path = book_root() / "data" / "params.yaml"
-    entries = yaml.safe_load(params_path.read_text()) or {}
-    if notebook not in entries:
-        raise KeyError(f"data/params.yaml has no entry for {notebook!r}")
-    return entries[notebook] or {}
+    from .book import Book
+
+    return Book(book_root()).entry(notebook)
 
 
 def set_style() -> None:

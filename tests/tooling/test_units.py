@@ -9,7 +9,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from bookbuild.book import Book, BookError
 from bookbuild import checks
-from bookbuild.checks import external_resources, typeset_counts
+from bookbuild.browser import typeset_counts
+from bookbuild.checks import external_resources
 from bookbuild.normalize import normalize
 from bookbuild.results import compare_table
 
@@ -114,6 +115,22 @@ def test_params_validation_names_the_problem(fixture_book, params, message):
     fixture_book.params_path.write_text(yaml.safe_dump(params))
     with pytest.raises(BookError, match=message):
         Book(fixture_book.root).check_params_cover_toc()
+
+
+def test_misspelled_parameter_fails_naming_notebook_and_parameter(fixture_book):
+    # papermill would inject `haeds` as a new variable and build everything with the default.
+    fixture_book.params_path.write_text(yaml.safe_dump({NOTEBOOK: {"published": {"seed": 3, "haeds": 2}}}))
+    with pytest.raises(BookError, match=rf"{NOTEBOOK}: 'haeds' not defined in the notebook's parameters cell"):
+        Book(fixture_book.root).check_params_cover_toc()
+
+
+def test_malformed_params_yaml_is_one_line_with_file_and_line(fixture_book):
+    fixture_book.params_path.write_text(f"{NOTEBOOK}:\n  published: {{seed: 3\n  quick: {{}}\n")
+    with pytest.raises(BookError) as info:
+        Book(fixture_book.root).params
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("data/params.yaml, line 3: invalid YAML")
 
 
 def test_quick_profile_overrides_published(fixture_book):
