@@ -36,7 +36,7 @@ import nbformat
 
 from .book import Book, BookError
 from .cache import tree_hash
-from .checks import _chromium, find_chromium, serve
+from .browser import Browser, find_chromium, serve
 from .site import STAMP
 
 NAME = "how-many-heads-make-an-ssm"
@@ -232,18 +232,16 @@ def _render_single_page(book: Book, scratch: Path, echo) -> Path:
 
 
 def _print_pdf(built: Path, pdf: Path, binary: str, echo) -> None:
-    echo("[bundle] printing it to PDF with headless Chromium (MathJax typesets first)")
-    server = serve(built)
+    echo("[bundle] printing it to PDF with headless Chromium (after MathJax has typeset)")
+    from playwright.sync_api import Error as PlaywrightError
+
     try:
-        _chromium(binary, ["--no-pdf-header-footer", f"--print-to-pdf={pdf}",
-                           f"http://127.0.0.1:{server.server_address[1]}/print.html"],
-                  timeout=PRINT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise BundleError(f"Chromium did not print the book within {PRINT_TIMEOUT} s") from None
-    finally:
-        server.shutdown()
+        with serve(built) as base, Browser(binary, timeout_ms=PRINT_TIMEOUT * 1000) as browser:
+            browser.print_pdf(f"{base}/print.html", pdf)
+    except PlaywrightError as err:
+        raise BundleError(f"Chromium did not print the book: {str(err).splitlines()[0]}") from None
     if not pdf.exists() or pdf.stat().st_size == 0:
-        raise BundleError("Chromium wrote no PDF (--print-to-pdf failed)")
+        raise BundleError("Chromium wrote no PDF")
 
 
 def preview_pages(report: PdfReport) -> list[int]:

@@ -16,14 +16,8 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import re
 import shutil
-import subprocess
-import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -31,6 +25,7 @@ from pathlib import Path
 import nbformat
 
 from .book import Book
+from .browser import Browser, find_chromium, serve, typeset_counts
 from .cache import tree_hash
 from .results import compare_all
 from .site import STAMP
@@ -157,14 +152,6 @@ def check_offline(book: Book) -> CheckResult:
 _MATH_NODE = re.compile(r'class="math[ "]')
 
 
-def find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 def _browser_for(result: CheckResult, what: str, require_browser: bool) -> str | None:
     """Chromium's path, or None after recording the missing browser on ``result``."""
     binary = find_chromium()
@@ -178,34 +165,6 @@ def _browser_for(result: CheckResult, what: str, require_browser: bool) -> str |
     return binary
 
 
-def _chromium(binary: str, args: list[str], timeout: int = 90) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                   "--disable-background-networking", "--disable-component-update",
-                   "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                   f"--user-data-dir={profile}", "--virtual-time-budget=15000", *args]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        return proc.stdout
-
-
-def typeset_counts(dom: str) -> tuple[int, int]:
-    """(number of mjx-container elements, number of mjx-merror elements) in a DOM dump."""
-    return dom.count("<mjx-container"), dom.count("<mjx-merror")
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-def serve(directory: Path):
-    """Serve ``directory`` on 127.0.0.1 (random port) in a daemon thread; returns the server."""
-    handler = functools.partial(_QuietHandler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def check_math(book: Book, require_browser: bool = False) -> CheckResult:
     result = CheckResult("(d) math typeset in headless Chromium, screenshots")
     binary = _browser_for(result, "the MathJax check and the screenshots", require_browser)
@@ -214,38 +173,27 @@ def check_math(book: Book, require_browser: bool = False) -> CheckResult:
     shots = book.build / "screenshots"
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
-    server = serve(book.html)
-    base = f"http://127.0.0.1:{server.server_address[1]}"
     with_math = 0
-
-    def visit(page: Path):
-        rel = page.with_suffix(".html").as_posix()
-        source = (book.html / rel).read_text(errors="replace")
-        math_nodes = len(_MATH_NODE.findall(source))
-        dom = _chromium(binary, ["--dump-dom", f"{base}/{rel}"])
-        png = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
-        _chromium(binary, [f"--screenshot={png}", "--window-size=1280,1600", f"{base}/{rel}"])
-        return rel, math_nodes, *typeset_counts(dom), bool(dom.strip()), png.exists()
-
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            visits = list(pool.map(visit, book.pages))
-    finally:
-        server.shutdown()
-    for rel, math_nodes, containers, errors, loaded, shot in visits:
-        if not loaded:
-            result.problems.append(f"{rel}: Chromium returned no DOM")
-            continue
-        if math_nodes:
-            with_math += 1
-            if containers < math_nodes:
-                result.problems.append(f"{rel}: {math_nodes} math nodes but only {containers} "
-                                       "typeset (mjx-container): MathJax did not run?")
-        if errors:
-            result.problems.append(f"{rel}: {errors} TeX error(s) (mjx-merror)")
-        if not shot:
-            result.problems.append(f"{rel}: no screenshot")
-    result.summary = (f"{len(visits)} pages, {with_math} with math; screenshots in "
+    with serve(book.html) as base, Browser(binary) as browser:
+        for page in book.pages:
+            rel = page.with_suffix(".html").as_posix()
+            source = (book.html / rel).read_text(errors="replace")
+            math_nodes = len(_MATH_NODE.findall(source))
+            png = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+            rendered = browser.render(f"{base}/{rel}", screenshot=png)
+            containers, errors = typeset_counts(rendered.dom)
+            if math_nodes:
+                with_math += 1
+                if not rendered.typeset:
+                    result.problems.append(f"{rel}: {math_nodes} math nodes but MathJax never ran")
+                elif containers < math_nodes:
+                    result.problems.append(f"{rel}: {math_nodes} math nodes but only {containers} "
+                                           "typeset (mjx-container)")
+            if errors:
+                result.problems.append(f"{rel}: {errors} TeX error(s) (mjx-merror)")
+            if not png.exists():
+                result.problems.append(f"{rel}: no screenshot")
+    result.summary = (f"{len(book.pages)} pages, {with_math} with math; screenshots in "
                       f"{shots.relative_to(book.root)}/")
     return result
 
@@ -284,14 +232,11 @@ def check_search(book: Book, require_browser: bool = False, word: str = "Eckart"
     binary = _browser_for(result, "the search check", require_browser)
     if binary is None:
         return result
-    server = serve(book.html)
-    try:
-        dom = _chromium(binary, ["--dump-dom", f"http://127.0.0.1:{server.server_address[1]}/search.html?q={word}"])
-    finally:
-        server.shutdown()
-    found = re.search(r"found (\d+) page", dom)
+    with serve(book.html) as base, Browser(binary) as browser:
+        summary = browser.search(f"{base}/search.html?q={word}")
+    found = re.search(r"found (\d+) page", summary)
     if not found or int(found.group(1)) == 0:
-        result.problems.append(f"searching for {word!r} found nothing (search index not loaded?)")
+        result.problems.append(f"searching for {word!r} found nothing: {summary!r}")
     result.summary = f"{word!r}: {found.group(0) if found else 'no result'}"
     return result
 

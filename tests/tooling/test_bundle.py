@@ -14,7 +14,7 @@ from bookbuild.book import Book
 from bookbuild.bundle import (NAME, BundleError, analyse_pdf, archive_path, build_bundle,
                               check_bundle)
 from bookbuild.cache import tree_hash
-from bookbuild.checks import _chromium, find_chromium, serve
+from bookbuild.browser import Browser, find_chromium, serve
 from bookbuild.execute import execute_notebooks
 from bookbuild.site import STAMP, build_site
 
@@ -98,12 +98,8 @@ def test_bundle_of_a_small_book(fixture_book):
 def _print(html: str, directory, pdf) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "page.html").write_text(html)
-    server = serve(directory)
-    try:
-        _chromium(find_chromium(), ["--no-pdf-header-footer", f"--print-to-pdf={pdf}",
-                                    f"http://127.0.0.1:{server.server_address[1]}/page.html"])
-    finally:
-        server.shutdown()
+    with serve(directory) as base, Browser(find_chromium()) as browser:
+        browser.print_pdf(f"{base}/page.html", pdf)
     assert pdf.exists()
 
 

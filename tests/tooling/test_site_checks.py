@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from bookbuild.book import Book
-from bookbuild.checks import check_math, check_offline, find_chromium
+from bookbuild.browser import Browser, find_chromium, serve, typeset_counts
+from bookbuild.checks import check_math, check_offline
 from bookbuild.site import build_site
 
 pytestmark = pytest.mark.slow
@@ -46,3 +47,19 @@ def test_offline_check_catches_a_cdn_script(math_book):
                    "</script></head>"))
     [problem] = check_offline(math_book).problems
     assert "cdn.jsdelivr.net" in problem
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="Chromium not installed")
+def test_render_waits_for_mathjax_to_finish_not_for_a_time_budget(tmp_path):
+    # A stand-in MathJax whose typesetting finishes 1.5 s after load.
+    (tmp_path / "page.html").write_text(
+        "<html><body><p>x</p><script>window.MathJax = {startup: {promise: new Promise("
+        "r => setTimeout(() => { document.body.appendChild(document.createElement("
+        "'mjx-' + 'container')); r(); }, 1500))}};</script></body></html>")
+    (tmp_path / "plain.html").write_text("<html><body><p>no math</p></body></html>")
+    with serve(tmp_path) as base, Browser(find_chromium()) as browser:
+        late = browser.render(f"{base}/page.html", screenshot=tmp_path / "page.png")
+        plain = browser.render(f"{base}/plain.html")
+    assert late.typeset and typeset_counts(late.dom) == (1, 0)
+    assert (tmp_path / "page.png").exists()
+    assert not plain.typeset and typeset_counts(plain.dom) == (0, 0)
