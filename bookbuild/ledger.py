@@ -1,17 +1,22 @@
 """The reproduction ledger: every claim of the book with its proof, its numerical check and its test.
 
 A *claim* is a ``{prf:theorem}``, ``{prf:proposition}``, ``{prf:lemma}`` or ``{prf:corollary}``
-with a ``:label:`` on a page of the book. Its *checks* are the ``run.check(label, ...)`` calls
-of the executed notebooks (recorded under ``_build/checks/``); its *tests* are the pytest
-functions named ``test_<label with _ for ->`` or ``test_<label>_<anything>`` under
-``tests/``; its one-line summary and source (stated in the abstract, the book's precise
-version, or the book's extension) come from ``data/claims.yaml``.
+on a page of the book. Claims are found by Sphinx itself: the book's extension
+(:mod:`bookbuild.sphinx_ext`) walks every doctree for sphinx-proof's nodes and writes them,
+in the book's order, to ``_claims.json`` in the built site — so a directive shown inside a
+code block is no claim, and one nested in any markup still is. Its *checks* are the
+``run.check(label, ...)`` calls of the executed notebooks (recorded under
+``_build/checks/``); its *tests* are the pytest functions named ``test_<label with _ for ->``
+or ``test_<label>_<anything>`` under ``tests/``; its one-line summary and source (stated in
+the abstract, the book's precise version, or the book's extension) come from
+``data/claims.yaml``.
 
-`build_ledger` joins the four and lists every problem: a claim without a check, without a
-test or without a summary, a check beyond its tolerance, a check or summary whose label is
-no claim. The site check fails on any problem; the staged tree carries the ledger as
-``_ledger.json`` for the Sphinx extension that prints it under each claim and on the
-status page.
+Before the site is rendered, :func:`ledger_inputs` gathers the checks, tests and notes into
+the staged tree's ``_ledger.json``; the extension joins them with the claims it finds
+(:func:`assemble`) to print a line under each claim and the status table. The site check
+joins the same inputs with the built site's ``_claims.json`` (:func:`build_ledger`) and fails
+on any problem: a claim without a label, a check, a test or a summary, a check beyond its
+tolerance, a check or summary whose label is no claim.
 """
 
 from __future__ import annotations
@@ -33,9 +38,7 @@ SOURCES = {
     "precise": "the book's precise version of a claim of the abstract",
     "extension": "the book's extension",
 }
-_DIRECTIVE = re.compile(r"^\s*(:{3,}|`{3,})\{prf:(" + "|".join(CLAIM_KINDS) + r")\}\s*(.*?)\s*$")
-_LABEL = re.compile(r"^\s*:label:\s*(\S+)\s*$")
-_CLAIMS_FILE = Path("data") / "claims.yaml"
+_NOTES_FILE = Path("data") / "claims.yaml"
 
 
 @dataclass
@@ -86,33 +89,7 @@ class Ledger:
         }
 
 
-# --- the four sources -------------------------------------------------------------------
-def _page_lines(book: Book, page: Path) -> list[str]:
-    path = book.root / page
-    if page.suffix == ".ipynb":
-        nb = nbformat.read(path, as_version=4)
-        return [line for c in nb.cells if c.cell_type == "markdown" for line in c.source.splitlines()]
-    return path.read_text().splitlines()
-
-
-def find_claims(book: Book) -> list[Claim]:
-    """Every labelled theorem, proposition, lemma and corollary on the book's pages."""
-    claims = []
-    for page in book.pages:
-        lines = _page_lines(book, page)
-        for number, line in enumerate(lines):
-            match = _DIRECTIVE.match(line)
-            if not match:
-                continue
-            for option in lines[number + 1:number + 6]:
-                label = _LABEL.match(option)
-                if label:
-                    claims.append(Claim(label.group(1), match.group(2), match.group(3),
-                                        str(page.with_suffix(""))))
-                    break
-    return claims
-
-
+# --- the sources -------------------------------------------------------------------------
 def _check_cells(executed: Path) -> dict[str, int]:
     """label -> 1-based source position of the cell that glued ``check-<label>``."""
     if not executed.exists():
@@ -178,24 +155,53 @@ def match_tests(labels, ids) -> dict[str, list[str]]:
 
 
 def load_claim_notes(book: Book) -> tuple[dict, list[dict]]:
-    path = book.root / _CLAIMS_FILE
+    path = book.root / _NOTES_FILE
     data = yaml.safe_load(path.read_text()) if path.exists() else {}
     data = data or {}
     return data.get("claims") or {}, data.get("figures") or []
 
 
 # --- the ledger -----------------------------------------------------------------------------
-def build_ledger(book: Book) -> Ledger:
-    claims = find_claims(book)
-    labels = [c.label for c in claims]
-    checks = find_checks(book)
-    tests = match_tests(labels, find_test_ids(book.root))
+CLAIMS_FILE = "_claims.json"  # written into the built site by the Sphinx extension
+_AUTO_LABEL = re.compile(r"^(" + "|".join(CLAIM_KINDS) + r")-\d+$")  # sphinx-proof's label for none
+
+
+def ledger_inputs(book: Book) -> dict:
+    """Everything about the claims except the claims themselves: pages, checks, tests, notes."""
     notes, figures = load_claim_notes(book)
+    return {
+        "pages": [str(p.with_suffix("")) for p in book.pages],
+        "checks": {label: [asdict(c) for c in checks] for label, checks in find_checks(book).items()},
+        "tests": find_test_ids(book.root),
+        "notes": notes,
+        "figures": figures,
+    }
+
+
+def claims_from_site(book: Book) -> list[Claim]:
+    """The claims Sphinx found when it rendered the current site, in the book's order."""
+    path = book.html / CLAIMS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the site was not built by this book's "
+                                "Sphinx extension (run `make book`)")
+    return [Claim(**claim) for claim in json.loads(path.read_text())]
+
+
+def assemble(inputs: dict, claims: list[Claim]) -> Ledger:
+    """Join the claims with their checks, tests and notes, and list every problem."""
+    labels = [c.label for c in claims if not _AUTO_LABEL.match(c.label)]
+    checks = {label: [Check(**c) for c in found] for label, found in inputs["checks"].items()}
+    tests = match_tests(labels, inputs["tests"])
+    notes, figures = inputs["notes"], inputs["figures"]
     problems = []
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
     problems += [f"{label}: labelled twice" for label in duplicates]
     entries = []
     for claim in claims:
+        if _AUTO_LABEL.match(claim.label):
+            problems.append(f"a {claim.kind} on {claim.page} ({claim.title or 'untitled'}) has no "
+                            ":label:, so it cannot be checked or tested")
+            continue
         note = notes.get(claim.label) or {}
         entry = Entry(claim, source=str(note.get("source", "")), summary=str(note.get("summary", "")),
                       checks=checks.get(claim.label, []), tests=tests.get(claim.label, []))
@@ -209,22 +215,24 @@ def build_ledger(book: Book) -> Ledger:
                 problems.append(f"{where}: check in {check.notebook} exceeds its tolerance: "
                                 f"{check.what} = {check.discrepancy:.3g} > {check.tolerance:.3g}")
         if entry.source not in SOURCES or not entry.summary:
-            problems.append(f"{where}: needs a summary and a source ({', '.join(SOURCES)}) in {_CLAIMS_FILE}")
+            problems.append(f"{where}: needs a summary and a source ({', '.join(SOURCES)}) in {_NOTES_FILE}")
         entries.append(entry)
     for label in sorted(set(checks) - set(labels)):
         problems.append(f"{label}: checked in {checks[label][0].notebook} but no claim has this label")
     for label in sorted(set(notes) - set(labels)):
-        problems.append(f"{label}: described in {_CLAIMS_FILE} but no claim has this label")
-    pages = {str(p.with_suffix("")) for p in book.pages}
+        problems.append(f"{label}: described in {_NOTES_FILE} but no claim has this label")
     for figure in figures:
-        if figure.get("ours") not in pages:
+        if figure.get("ours") not in inputs["pages"]:
             problems.append(f"figure {figure.get('paper', '?')!r}: reproduced by {figure.get('ours')!r}, "
                             "which is not a page of the book")
     return Ledger(entries, figures, problems)
 
 
-def write_ledger(book: Book, path: Path) -> Ledger:
-    ledger = build_ledger(book)
-    # Claims keep the book's order (chapter by chapter) for the status table.
-    path.write_text(json.dumps(ledger.to_json(), indent=1) + "\n")
-    return ledger
+def build_ledger(book: Book) -> Ledger:
+    """The ledger of the current build: the site's claims joined with the book's inputs."""
+    return assemble(ledger_inputs(book), claims_from_site(book))
+
+
+def write_inputs(book: Book, path: Path) -> None:
+    """The staged tree's ``_ledger.json``, read by the Sphinx extension."""
+    path.write_text(json.dumps(ledger_inputs(book), indent=1) + "\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .book import Book
 from .cache import tree_hash
-from .ledger import write_ledger
+from .ledger import write_inputs
 from .sphinx_ext import LEDGER_FILE
 
 #: What the staged tree holds besides the pages: configuration, bibliography, assets.
@@ -55,8 +55,8 @@ def stage(book: Book) -> Path:
     for stray in target.rglob("*.ipynb"):
         if stray.relative_to(target) not in book.pages:
             stray.unlink()
-    # The reproduction ledger (claims, checks, tests) for the pages and the status table.
-    write_ledger(book, target / LEDGER_FILE)
+    # The ledger's checks, tests and notes, for the lines under the claims and the status table.
+    write_inputs(book, target / LEDGER_FILE)
     return target
 
 

@@ -1,9 +1,13 @@
 """Sphinx extension of the book: the reproduction ledger on the page, run-locally notes, API docstrings.
 
-- Under every labelled theorem, proposition, lemma and corollary, a line from the ledger
-  (``_ledger.json``, written into the staged tree by the build from the executed notebooks
-  and the tests): the verdict, the notebook and cell that check the claim with the measured
-  discrepancy and its tolerance, and the pytest tests that assert it.
+- The claims of the book are found here, in the doctrees: every sphinx-proof theorem,
+  proposition, lemma and corollary, recorded as each page is read and written, in the book's
+  order, to ``_claims.json`` in the built site (the site check reads it).
+- Under every claim, a line from the ledger — the claims joined with ``_ledger.json``
+  (checks, tests and notes, written into the staged tree by the build): the verdict, the
+  notebook and cell that check the claim with the measured discrepancy and its tolerance,
+  and the pytest tests that assert it. Lines are added once every page has been read, since
+  a test belongs to the longest label it starts with.
 - The directives ``ledger-claims`` and ``ledger-figures`` render the reproduction-status
   tables of ``chapters/appendix/status``.
 - At the end of every page, a short note with the exact command that re-runs it locally.
@@ -19,19 +23,60 @@ from pathlib import Path
 
 from docutils import nodes
 from sphinx import addnodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
 
+from .ledger import CLAIM_KINDS, CLAIMS_FILE, Claim, assemble
+
 LEDGER_FILE = "_ledger.json"
-CLAIM_KINDS = {"theorem", "proposition", "lemma", "corollary"}
 VERDICT_MARK = {"reproduced": "✓ reproduced", "fails its check": "✗ fails its check", "incomplete": "◌ incomplete"}
 _MYST_ROLE = re.compile(r"\{([a-z]+(?::[a-z]+)?)\}`([^`]+)`")
 
 
-def _ledger(app) -> dict:
-    if not hasattr(app.env, "book_ledger"):
+def _inputs(app) -> dict:
+    if not hasattr(app.env, "book_ledger_inputs"):
         path = Path(app.srcdir) / LEDGER_FILE
-        app.env.book_ledger = json.loads(path.read_text()) if path.exists() else {}
+        app.env.book_ledger_inputs = json.loads(path.read_text()) if path.exists() else {}
+    return app.env.book_ledger_inputs
+
+
+def collect_claims(app, doctree) -> None:
+    """Record the claims of the page just read (sphinx-proof nodes), in document order."""
+    found = []
+    for node in doctree.findall(nodes.Element):
+        if node.get("realtype") in CLAIM_KINDS and node.get("label"):
+            title = str(node.get("title", "")).strip().removeprefix("(").removesuffix(")")
+            found.append(Claim(node["label"], node["realtype"], title, app.env.docname))
+    if not hasattr(app.env, "book_claims"):
+        app.env.book_claims = {}
+    app.env.book_claims[app.env.docname] = found
+
+
+def purge_claims(app, env, docname) -> None:
+    getattr(env, "book_claims", {}).pop(docname, None)
+
+
+def book_claims(env) -> list[Claim]:
+    """Every claim read so far, pages in the book's order (pages outside it last)."""
+    found = getattr(env, "book_claims", {})
+    order = {page: k for k, page in enumerate(_inputs(env.app).get("pages", []))}
+    pages = sorted(found, key=lambda page: (order.get(page, len(order)), page))
+    return [claim for page in pages for claim in found[page]]
+
+
+def _ledger(app) -> dict:
+    # Built on first use in the write phase, when every page has been read.
+    if not hasattr(app.env, "book_ledger"):
+        inputs = _inputs(app)
+        ledger = assemble(inputs, book_claims(app.env)) if inputs else None
+        app.env.book_ledger = ledger.to_json() if ledger else {}
     return app.env.book_ledger
+
+
+def write_claims(app, exception) -> None:
+    if exception is None:
+        claims = [claim.__dict__ for claim in book_claims(app.env)]
+        (Path(app.outdir) / CLAIMS_FILE).write_text(json.dumps(claims, indent=1) + "\n")
 
 
 def _doc_link(docname: str, refdoc: str, text: str | None = None) -> nodes.Node:
@@ -81,15 +126,27 @@ def ledger_line(entry: dict, refdoc: str) -> nodes.Node:
     return para
 
 
-def add_ledger_lines(app, doctree) -> None:
-    claims = _ledger(app).get("claims", {})
-    if not claims:
-        return
-    refdoc = app.env.docname
-    for node in list(doctree.findall(nodes.Element)):
-        if node.get("realtype") in CLAIM_KINDS and node.get("label") in claims:
-            parent = node.parent
-            parent.insert(parent.index(node) + 1, ledger_line(claims[node["label"]], refdoc))
+class ledger_claims_table(nodes.General, nodes.Element):
+    """Where the status table goes; filled by :class:`LedgerPostTransform`."""
+
+
+class LedgerPostTransform(SphinxPostTransform):
+    """Ledger lines under the claims and the status table, once every page has been read.
+
+    Runs before Sphinx resolves references (priority 10), so the links it adds resolve.
+    """
+
+    default_priority = 5
+
+    def run(self, **kwargs) -> None:
+        ledger = _ledger(self.app)
+        claims, refdoc = ledger.get("claims", {}), self.env.docname
+        for node in list(self.document.findall(nodes.Element)):
+            if node.get("realtype") in CLAIM_KINDS and node.get("label") in claims:
+                parent = node.parent
+                parent.insert(parent.index(node) + 1, ledger_line(claims[node["label"]], refdoc))
+        for placeholder in list(self.document.findall(ledger_claims_table)):
+            placeholder.replace_self(status_table(claims, refdoc))
 
 
 def add_run_locally_note(app, doctree) -> None:
@@ -122,35 +179,40 @@ def add_run_locally_note(app, doctree) -> None:
 SHORT_SOURCE = {"abstract": "abstract", "precise": "precise version", "extension": "extension"}
 
 
+def status_table(claims: dict, refdoc: str) -> nodes.table:
+    """One row per claim of the book, in the book's order."""
+    rows = []
+    for label, entry in claims.items():
+        checks = nodes.paragraph()
+        for k, check in enumerate(entry["checks"]):
+            if k:
+                checks += nodes.Text("; ")
+            cell = f", cell {check['cell']}" if check.get("cell") else ""
+            checks += nodes.strong("", _number(check["discrepancy"]))
+            checks += nodes.Text(f" ≤ {_number(check['tolerance'])} (")
+            checks += _doc_link(check["notebook"], refdoc, "notebook" + cell)
+            checks += nodes.Text(")")
+        tests = entry["tests"]
+        test_cell = ([nodes.literal("", tests[0].rsplit("::", 1)[-1]),
+                      nodes.Text(f" (+{len(tests) - 1})" if len(tests) > 1 else "")]
+                     if tests else [nodes.emphasis("", "none")])
+        rows.append([
+            [_claim_link(label, refdoc)],
+            [nodes.Text(entry["summary"])],
+            [nodes.Text(SHORT_SOURCE.get(entry["source"], entry["source"]))],
+            [checks] if entry["checks"] else [nodes.emphasis("", "none")],
+            test_cell,
+            [nodes.strong("", VERDICT_MARK.get(entry["verdict"], entry["verdict"]).split()[0])],
+        ])
+    return _table(["Claim", "In one line", "Source", "Check: measured ≤ allowed", "Test", ""], rows,
+                  widths=[10, 38, 9, 20, 20, 3])
+
+
 class LedgerClaims(SphinxDirective):
-    """The status table: one row per claim of the book, in the book's order."""
+    """The status table (filled in once every page has been read)."""
 
     def run(self):
-        rows = []
-        for label, entry in _ledger(self.env.app).get("claims", {}).items():
-            checks = nodes.paragraph()
-            for k, check in enumerate(entry["checks"]):
-                if k:
-                    checks += nodes.Text("; ")
-                cell = f", cell {check['cell']}" if check.get("cell") else ""
-                checks += nodes.strong("", _number(check["discrepancy"]))
-                checks += nodes.Text(f" ≤ {_number(check['tolerance'])} (")
-                checks += _doc_link(check["notebook"], self.env.docname, "notebook" + cell)
-                checks += nodes.Text(")")
-            tests = entry["tests"]
-            test_cell = ([nodes.literal("", tests[0].rsplit("::", 1)[-1]),
-                          nodes.Text(f" (+{len(tests) - 1})" if len(tests) > 1 else "")]
-                         if tests else [nodes.emphasis("", "none")])
-            rows.append([
-                [_claim_link(label, self.env.docname)],
-                [nodes.Text(entry["summary"])],
-                [nodes.Text(SHORT_SOURCE.get(entry["source"], entry["source"]))],
-                [checks] if entry["checks"] else [nodes.emphasis("", "none")],
-                test_cell,
-                [nodes.strong("", VERDICT_MARK.get(entry["verdict"], entry["verdict"]).split()[0])],
-            ])
-        return [_table(["Claim", "In one line", "Source", "Check: measured ≤ allowed", "Test", ""], rows,
-                       widths=[10, 38, 9, 20, 20, 3])]
+        return [ledger_claims_table()]
 
 
 class LedgerFigures(SphinxDirective):
@@ -160,7 +222,7 @@ class LedgerFigures(SphinxDirective):
         rows = [[[nodes.Text(fig["paper"])],
                  [_doc_link(fig["ours"], self.env.docname), nodes.Text(f" (figure {fig.get('figure', '')})")],
                  [nodes.Text(fig.get("how", ""))]]
-                for fig in _ledger(self.env.app).get("figures", [])]
+                for fig in _inputs(self.env.app).get("figures", [])]
         return [_table(["The paper's figure", "Reproduced by", "How (our settings)"], rows, widths=[30, 25, 45])]
 
 
@@ -201,7 +263,11 @@ def myst_roles_to_rst(app, what, name, obj, options, lines) -> None:
 
 def setup(app):
     app.setup_extension("sphinx.ext.autodoc")
-    app.connect("doctree-read", add_ledger_lines)
+    app.connect("doctree-read", collect_claims)
+    app.connect("env-purge-doc", purge_claims)
+    app.connect("build-finished", write_claims)
+    app.add_node(ledger_claims_table)
+    app.add_post_transform(LedgerPostTransform)
     app.connect("doctree-read", add_run_locally_note)
     app.connect("autodoc-process-docstring", myst_roles_to_rst)
     app.add_directive("ledger-claims", LedgerClaims)

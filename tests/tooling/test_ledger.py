@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from bookbuild.book import Book
-from bookbuild.ledger import build_ledger, match_tests
+from bookbuild.ledger import Claim, assemble, build_ledger, claims_from_site, ledger_inputs, match_tests
 from bookbuild.site import build_site
 
 PAGE = textwrap.dedent("""\
@@ -44,7 +44,26 @@ PAGE = textwrap.dedent("""\
 
     Definitions need neither.
     :::
+
+    A directive shown as code is no claim:
+
+    ```text
+    :::{prf:theorem} Shown, not stated
+    :label: thm-shown
+    :::
+    ```
+
+    ::::{note}
+    :::{prf:lemma}
+    A claim without a label, nested in a note.
+    :::
+    ::::
     """)
+
+CLAIMS = [Claim("thm-good", "theorem", "Good", "claims"),
+          Claim("prop-broken", "proposition", "Broken", "claims"),
+          Claim("lem-untested", "lemma", "Untested", "claims"),
+          Claim("cor-unchecked", "corollary", "Unchecked", "claims")]
 
 
 def record(book: Book, notebook: str, checks: dict) -> None:
@@ -82,7 +101,7 @@ def claims_book(fixture_book) -> Book:
 
 
 def test_ledger_reports_every_broken_claim_and_only_those(claims_book):
-    ledger = build_ledger(claims_book)
+    ledger = assemble(ledger_inputs(claims_book), CLAIMS)
     verdicts = {e.claim.label: e.verdict for e in ledger.entries}
     assert verdicts == {"thm-good": "reproduced", "prop-broken": "fails its check",
                         "lem-untested": "incomplete", "cor-unchecked": "incomplete"}
@@ -97,7 +116,7 @@ def test_ledger_reports_every_broken_claim_and_only_those(claims_book):
 
 
 def test_ledger_finds_tests_and_checks_of_the_good_claim(claims_book):
-    [good] = [e for e in build_ledger(claims_book).entries if e.claim.label == "thm-good"]
+    [good] = [e for e in assemble(ledger_inputs(claims_book), CLAIMS).entries if e.claim.label == "thm-good"]
     assert good.tests == ["tests/test_claims.py::test_thm_good_holds"]
     assert [(c.notebook, c.discrepancy, c.tolerance) for c in good.checks] == [
         ("chapters/demo/demo", 1e-16, 1e-12)]
@@ -124,6 +143,13 @@ def test_rendered_page_shows_the_verdict_under_each_claim(claims_book):
         "thm-good": {"discrepancy": 1e-16, "tolerance": 1e-12, "what": "error", "ok": True},
         "prop-broken": {"discrepancy": 0.5, "tolerance": 1e-3, "what": "gap", "ok": False}})
     assert build_site(claims_book, echo=lambda _: None)
+    # Sphinx found the claims: the four labelled ones, the nested unlabelled lemma, not the code.
+    found = claims_from_site(claims_book)
+    assert found[:4] == CLAIMS and len(found) == 5
+    assert (found[4].kind, found[4].page) == ("lemma", "claims")
+    problems = build_ledger(claims_book).problems
+    assert "a lemma on claims (untitled) has no :label:, so it cannot be checked or tested" in problems
+    assert not any("thm-shown" in p for p in problems)
     html = (claims_book.html / "claims.html").read_text()
     assert html.count('class="claim-ledger') == 4
     assert "✓ reproduced" in html and "✗ fails its check" in html and "◌ incomplete" in html
