@@ -298,3 +298,20 @@ def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
             for problem in check.problems:
                 echo(f"        {problem}")
     return all(c.ok for c in checks)
+
+
+# --- (j) ------------------------------------------------------------------------------
+def check_reading(book: Book) -> CheckResult:
+    from .reading import GOALS, measure
+
+    result = CheckResult("(j) chapter notebooks read like a book (short cells, no reprs, "
+                         "figures fit)")
+    measured = [measure(nbformat.read(book.executed / nb, as_version=4), str(nb))
+                for nb in book.notebooks
+                if nb.parts[:2] != ("chapters", "appendix") and (book.executed / nb).exists()]
+    for m in measured:
+        result.problems += m.problems()
+    worst = {name: max((m.values()[name] for m in measured), default=0) for name in GOALS}
+    result.summary = f"{len(measured)} notebooks; worst: " + ", ".join(
+        f"{name} {value:.3g}" for name, value in worst.items())
+    return result

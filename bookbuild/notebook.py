@@ -135,6 +135,15 @@ class NotebookRun:
         (folder / f"{name}.meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
         return df
 
+    def show(self, df, formats: dict | str | None = None) -> "Table":
+        """``df`` as a table for the page: numbers formatted, no index, nothing run-dependent.
+
+        ``formats`` maps columns to format strings (``{"error": "{:.1e}"}``) or is one format
+        for every numeric column. The HTML carries no random ids and the plain-text form is
+        the formatted table, so two executions give byte-identical outputs.
+        """
+        return Table(df, formats)
+
     def glue(self, key: str, value) -> None:
         """Glue ``value`` under ``key`` for the prose: ``{glue:text}`nb.ipynb::key:fmt```.
 
@@ -204,6 +213,31 @@ class NotebookRun:
             if now - last >= every or i == total:
                 self.log(f"{desc}: {i}/{total}")
                 last = now
+
+
+class Table:
+    """A formatted table whose HTML and text forms are the same on every run (see ``run.show``)."""
+
+    def __init__(self, df, formats: dict | str | None = None):
+        if isinstance(formats, str):
+            formats = {c: formats for c in df.columns if df[c].dtype.kind in "fiu"}
+        formats = formats or {}
+        styler = df.style.hide(axis="index").format(formats, na_rep="—")
+        # exclude_styles drops Styler's random table id and its CSS: the theme styles tables.
+        self.html = styler.to_html(exclude_styles=True).replace(
+            "<table>", '<table class="dataframe book-table">', 1)
+        shown = df.copy()
+        for column in shown.columns:
+            spec = formats.get(column)
+            if spec is not None and shown[column].dtype.kind in "fiu":
+                shown[column] = [spec.format(v) if v == v else "—" for v in shown[column]]
+        self.text = shown.to_string(index=False)
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def _check_name(name: str) -> None:
@@ -286,4 +320,4 @@ def _interactive_commit() -> str:
     return Book(book_root()).commit()
 
 
-__all__ = ["NotebookRun", "start", "set_style", "seed_everything", "book_root"]
+__all__ = ["NotebookRun", "Table", "start", "set_style", "seed_everything", "book_root"]
