@@ -1,21 +1,24 @@
-"""Gradient paths through sequence maps: Jacobian profiles, decay fits, planted keys.
+"""Gradient paths through sequence maps: Jacobian profiles, bounds, adversarial inputs.
 
 The Jacobian block J_ij = ∂y_i/∂x_j ∈ ℝ^{p×d} (0-based positions) says how strongly
 the output at position i reacts to the token at position j; its norm as a function
-of the distance i − j is the model's *gradient profile*.  The chapter contrasts two
-statements with different quantifiers:
+of the distance i − j is the model's *gradient profile*.  The chapter's statements
+carry two quantifiers:
 
-- {prf:ref}`thm-ssm-gradient-decay`: for a stable LTI SSM, J_ij = C A^{i−j} B for
-  *every* input, so ‖J_ij‖ ≤ K ‖C‖ ‖B‖ r^{i−j} decays exponentially, whatever X is;
-- {prf:ref}`prop-attention-highway`: for softmax attention there *exist* inputs (a
-  planted key) with ‖J_ij‖ ≈ ‖V‖ at every distance.
+- for every input: a stable LTI SSM ({prf:ref}`thm-ssm-gradient-decay`), a stack of
+  them ({prf:ref}`prop-stack-decay`), a tanh RNN with ‖ΛWΛ⁻¹‖₂ < 1
+  ({prf:ref}`prop-rnn-gradient`) attenuate exponentially, whatever X is;
+- for some inputs: softmax and linear attention (a planted key,
+  {prf:ref}`prop-attention-highway`), selective SSMs and SSD (gates closed after j,
+  {prf:ref}`cor-gate-closing`) and RNNs with an expanding principal block of W
+  (saturated coordinates) keep ‖J_ij‖ from decaying with the distance.
 
-`jacobian_norms` measures profiles of any model by reverse-mode autodiff;
-`lag_norms` and `ssm_decay_bound` give the LTI profile and its bound in closed form,
-`stack_decay_bound` the bound for stacks of LTI layers;
-`fit_decay_rate` fits the exponential rate with an interval; `planted_key_input`
-and `one_hop` build and inspect the attention inputs of the proposition;
-`with_constant_step` freezes a selective SSM's gate to show its trade-off.
+Measured side (autograd): `jacobian_blocks`, `jacobian_norms`.  Closed forms (no
+autograd): `lag_norms`, `selective_jacobian`, `rnn_jacobian`; bounds: `ssm_decay_bound`,
+`stack_decay_bound`.  Adversarial inputs: `planted_key_input`, `gate_closing_input`,
+`saturating_input` (with `saturation_subset`).  Also `fit_decay_rate` (an exponential
+rate with an interval), `one_hop`, `with_constant_step` (a frozen gate,
+{prf:ref}`prop-frozen-gate`) and `gradient_reach`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .ssm import SSD, LinearSSM, SelectiveSSM
 from .stacks import Stack
 
 __all__ = [
+    "jacobian_blocks",
     "jacobian_norms",
     "lag_norms",
     "DecayBound",
@@ -47,6 +51,12 @@ __all__ = [
     "one_hop",
     "with_constant_step",
     "gradient_reach",
+    "gate_closing_input",
+    "SelectivePath",
+    "selective_jacobian",
+    "saturation_subset",
+    "saturating_input",
+    "rnn_jacobian",
 ]
 
 
@@ -869,9 +879,11 @@ def gradient_reach(profile: Any, eps: float = 1e-3) -> int:
     """The largest distance D at which a gradient profile keeps a fraction `eps` of its peak.
 
     reach = max{D : profile[D] >= eps · max_D' profile[D']}.  For a stable LTI SSM with a
-    dominant eigenvalue of modulus ρ this is about ln(1/eps)/ln(1/ρ)
-    ({prf:ref}`thm-ssm-gradient-decay`); for a token-wise layer it is 0; for attention on an
-    input that opens its highway it is the whole sequence ({prf:ref}`prop-attention-highway`).
+    dominant eigenvalue of modulus ρ and a normal A this is about ln(1/eps)/ln(1/ρ)
+    ({prf:ref}`thm-ssm-gradient-decay`; a non-normal A adds its transient); for a
+    token-wise layer it is 0; on inputs that open a highway (planted keys, closed gates,
+    saturated RNN coordinates) it is the whole sequence.  A reach on random inputs is not
+    a statement about every input.
 
     Args:
         profile: norms indexed by distance, shape (m,), entries >= 0 (for `jacobian_norms`
