@@ -145,6 +145,38 @@ def test_thm_ssm_gradient_decay_bound_holds_on_random_stable_systems(rho, seed):
         assert np.all(norms <= exact_scale * rho ** np.arange(n))
 
 
+def test_thm_ssm_gradient_decay_needs_the_condition_number_for_non_normal_A():
+    # Eigenvalues 0.9 and 0.8, off-diagonal 10: κ₂(P) = 200 and the profile exceeds ‖C‖₂‖B‖_F ρ^D
+    # 70-fold, so a bound without κ₂(P) is false; with it the theorem holds at every distance.
+    model = LinearSSM([[0.9, 10.0], [0.0, 0.8]], np.eye(2), np.eye(2))
+    profile = lag_norms(model, 400)
+    ell = np.arange(400)
+    assert (profile / (np.sqrt(2) * 0.9 ** ell)).max() > 70
+    bound = ssm_decay_bound(model)
+    assert bound.constant == pytest.approx(200.005, rel=1e-5)
+    assert np.all(profile <= bound.at(ell))
+    # The diagonal case attains the bound: A = diag(0.8, 0.3), B = e1, C = e1ᵀ gives 0.8^ℓ exactly.
+    diagonal = LinearSSM(np.diag([0.8, 0.3]), [[1.0], [0.0]], [[1.0, 0.0]])
+    np.testing.assert_allclose(lag_norms(diagonal, 50), ssm_decay_bound(diagonal).at(np.arange(50)), rtol=1e-12)
+
+
+def test_thm_ssm_gradient_decay_jordan_block_transient():
+    # A = 0.9 I + N (size 4), B = C = I: ‖A^D‖_F² = Σ_k (4 − k) C(D, k)² 0.9^{2(D−k)} for every input;
+    # the profile rises from 2 to about 238 at D = 29 and first drops below 2/e at D = 127.
+    A = 0.9 * np.eye(4) + np.eye(4, k=1)
+    model = LinearSSM(A, np.eye(4), np.eye(4))
+    closed = np.sqrt([sum((4 - k) * (math.comb(D, k) * 0.9 ** (D - k)) ** 2 for k in range(4))
+                      for D in range(300)])
+    np.testing.assert_allclose(lag_norms(model, 300), closed, rtol=1e-12)
+    X = np.random.default_rng(0).standard_normal((300, 4))
+    np.testing.assert_allclose(jacobian_norms(model, X, 299)[::-1], closed, rtol=1e-10)
+    assert closed[0] == 2.0 and int(closed.argmax()) == 29 and closed.max() == pytest.approx(238.45, abs=0.01)
+    assert int(np.argmax(closed < 2 / np.e)) == 127
+    # The asymptotic rate is still ρ: the local log-slope tends to ln 0.9 (like ln 0.9 + 3/D).
+    slopes = np.diff(np.log(closed))
+    assert abs(slopes[-1] - math.log(0.9)) < 3.5 / 298
+
+
 def test_ssm_decay_bound_is_condition_number_times_norms():
     model = LinearSSM.random(5, 3, 2, spectral_radius=0.8, seed=3)
     bound = ssm_decay_bound(model)
