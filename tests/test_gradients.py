@@ -153,7 +153,9 @@ def test_thm_ssm_gradient_decay_needs_the_condition_number_for_non_normal_A():
     ell = np.arange(400)
     assert (profile / (np.sqrt(2) * 0.9 ** ell)).max() > 70
     bound = ssm_decay_bound(model)
-    assert bound.constant == pytest.approx(200.005, rel=1e-5)
+    # Unit eigenvectors e1 and (−100, 1)/√10001: P = [[1, −100 s], [0, s]], s = 1/√10001, whose singular
+    # values satisfy σ₁σ₂ = s and σ₁² + σ₂² = 2, so κ₂(P) = (1 + √(1 − s²))/s = 100 + √10001.
+    assert bound.constant == pytest.approx(100 + math.sqrt(10001), rel=1e-10)
     assert np.all(profile <= bound.at(ell))
     # The diagonal case attains the bound: A = diag(0.8, 0.3), B = e1, C = e1ᵀ gives 0.8^ℓ exactly.
     diagonal = LinearSSM(np.diag([0.8, 0.3]), [[1.0], [0.0]], [[1.0, 0.0]])
