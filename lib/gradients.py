@@ -741,7 +741,8 @@ def selective_jacobian(model: SelectiveSSM | SSD, X: Any, i: int, j: int) -> Sel
         h = np.zeros((H, model.N, d_h))
         heads = X.reshape(n, H, d_h)
         for t in range(j):
-            h = np.exp(delta[t] * a)[:, None, None] * h + delta[t][:, None, None] * Bt[t][None, :, None] * heads[t][:, None, :]
+            drive = delta[t][:, None, None] * Bt[t][None, :, None] * heads[t][:, None, :]
+            h = np.exp(delta[t] * a)[:, None, None] * h + drive
         overlap = Bt[j] @ Ct[i]
         modes = np.zeros((H, W_O.shape[0], d))
         for k in range(H):
