@@ -21,9 +21,11 @@ from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matri
                     minimal_polynomial_degree, optimal_head_errors, population_error, s4d_ssm,
                     truncated_heads)
 from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
-from .gradients import (DecayBound, DecayFit, fit_decay_rate, gradient_reach, jacobian_norms, lag_norms, one_hop,
-                        planted_key_input, ssm_decay_bound, stack_decay_bound, with_constant_step)
-from .stacks import Stack
+from .gradients import (DecayBound, DecayFit, SelectivePath, fit_decay_rate, gate_closing_input, gradient_reach,
+                        jacobian_blocks, jacobian_norms, lag_norms, one_hop, planted_key_input, rnn_jacobian,
+                        saturating_input, saturation_subset, selective_jacobian, ssm_decay_bound, stack_decay_bound,
+                        with_constant_step)
+from .stacks import Stack, ssm_layer
 
 __all__ = [
     # the unified form
@@ -80,6 +82,7 @@ __all__ = [
     "held_out_error",
     # gradients (gradient highway)
     "jacobian_norms",
+    "jacobian_blocks",
     "lag_norms",
     "DecayBound",
     "ssm_decay_bound",
@@ -90,5 +93,12 @@ __all__ = [
     "one_hop",
     "with_constant_step",
     "gradient_reach",
+    "gate_closing_input",
+    "SelectivePath",
+    "selective_jacobian",
+    "saturation_subset",
+    "saturating_input",
+    "rnn_jacobian",
     "Stack",
+    "ssm_layer",
 ]

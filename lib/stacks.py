@@ -11,8 +11,8 @@ A residual layer y = x + f(x) has operator I + 𝒲^f (identity blocks on the
 diagonal).  The Jacobian obeys the same product rule (chain rule) with Jacobian
 blocks in place of operator blocks; for LTI layers the two coincide, so a stack of
 L stable SSMs has lags that are L-fold convolutions of exponentially decaying lags:
-‖J_ij‖ = O((i − j)^{L−1} ρ^{i−j}).  One attention layer in the stack can restore a
-distance-independent path ({prf:ref}`prop-attention-highway`).
+‖J_ij‖ = O((i − j)^{L−1} ρ^{i−j}) ({prf:ref}`prop-stack-decay`).  An attention layer in the
+stack can restore a distance-independent path on some inputs ({prf:ref}`prop-attention-highway`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,39 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from ._validation import check_int, check_real
+from ._validation import check_choice, check_int, check_real
 from .attention import SoftmaxAttention
 from .base import SequenceMap
+from .heads import s4d_ssm
 from .ssm import LinearSSM
 
-__all__ = ["Stack"]
+__all__ = ["Stack", "ssm_layer", "SSM_KINDS"]
+
+SSM_KINDS = ("gaussian", "s4d-lin", "s4d-real")
+
+
+def ssm_layer(kind: str, state_size: int, d: int, spectral_radius: float, *, seed: Any = 0,
+              dtype: Any = torch.float64) -> LinearSSM:
+    """One d → d LTI SSM layer of the given kind, with ρ(A) = spectral_radius.
+
+    "gaussian": `LinearSSM.random` (Gaussian A rescaled, non-normal: its gradient
+    profile can rise before it decays); "s4d-lin" and "s4d-real": `s4d_ssm` with
+    init "lin" or "real" (normal A, so ‖A^ℓ‖₂ = ρ^ℓ).  The depth notebook builds
+    its pure SSM stacks and its hybrids from this one function, so the two use the
+    same kind of layer.
+
+    Args:
+        kind: one of SSM_KINDS.
+        state_size: N >= 1.
+        d: width (input and output).
+        spectral_radius: ρ; in (0, 1) for the S4D kinds, >= 0 for "gaussian".
+        seed: seed (int or numpy SeedSequence) of the layer's random parameters.
+        dtype: computation dtype.
+    """
+    kind = check_choice(kind, "kind", SSM_KINDS)
+    if kind == "gaussian":
+        return LinearSSM.random(state_size, d, d, spectral_radius=spectral_radius, seed=seed, dtype=dtype)
+    return s4d_ssm(state_size, d, spectral_radius, init=kind.removeprefix("s4d-"), seed=seed, dtype=dtype)
 
 
 class Stack(SequenceMap):
@@ -79,26 +106,29 @@ class Stack(SequenceMap):
     @classmethod
     def hybrid(cls, d: int, depth: int, attention_every: int, *, offset: int = 0, state_size: int = 8,
                heads: int = 1, spectral_radius: float = 0.9, residual: bool = True, causal: bool = True,
-               seed: Any = 0, dtype: Any = torch.float64) -> "Stack":
-        """A Jamba-like stack: LinearSSM layers with a SoftmaxAttention layer every `attention_every`.
+               ssm: str = "gaussian", seed: Any = 0, dtype: Any = torch.float64) -> "Stack":
+        """A Jamba-like stack: LTI SSM layers with a SoftmaxAttention layer every `attention_every`.
 
-        Layer k is attention when k % attention_every == offset, else an LTI SSM;
-        all layers are d → d.  Jamba (Lieber et al. 2024) interleaves one attention
-        layer per 8 (with Mamba layers and MoE MLPs); here the SSM layers are LTI so
-        their gradient paths are exactly C A^ℓ B.  The default offset 0 puts
-        attention first, so `planted_key_input(stack.layers[0], ...)` plants a key
-        directly in X.
+        Layer k (0-based) is attention when k % attention_every == offset, else an LTI
+        SSM built by `ssm_layer(ssm, ...)`; all layers are d → d.  So depth 8 with
+        attention_every = 4 and offset 0 has attention at layers 0 and 4 (two of eight),
+        not one.  Jamba (Lieber et al. 2024) interleaves one attention layer per 8
+        (with Mamba layers and MoE MLPs); here the SSM layers are LTI so their gradient
+        paths are exactly C A^ℓ B.  The default offset 0 puts attention first, so
+        `planted_key_input(stack.layers[0], ...)` plants a key directly in X.
 
         Args:
             d: width of every layer.
             depth: number of layers.
             attention_every: period m >= 1 of the attention layers.
             offset: position of attention within each period, 0 <= offset < m.
-            state_size: N of the SSM layers (LinearSSM.random, Gaussian A
-                rescaled to `spectral_radius`).
+            state_size: N of the SSM layers.
             heads: heads of the attention layers (SoftmaxAttention.random).
+            spectral_radius: ρ(A) of every SSM layer.
             residual: residual connections (default True, as in Jamba).
             causal: causal attention (default True).
+            ssm: kind of the SSM layers, see `ssm_layer` ("gaussian", the default for
+                backward compatibility, "s4d-lin" or "s4d-real").
             seed: seeds the layers (independent numpy streams per layer).
         """
         d, depth = check_int(d, "d"), check_int(depth, "depth")
@@ -107,10 +137,11 @@ class Stack(SequenceMap):
         if offset >= every:
             raise ValueError(f"offset must satisfy 0 <= offset < attention_every = {every}; got {offset}")
         radius = check_real(spectral_radius, "spectral_radius", nonnegative=True)
+        ssm = check_choice(ssm, "ssm", SSM_KINDS)
         seeds = np.random.SeedSequence(seed).spawn(depth)
         layers = [SoftmaxAttention.random(d, d, heads, causal=causal, seed=s, dtype=dtype)
                   if k % every == offset else
-                  LinearSSM.random(state_size, d, d, spectral_radius=radius, seed=s, dtype=dtype)
+                  ssm_layer(ssm, state_size, d, radius, seed=s, dtype=dtype)
                   for k, s in enumerate(seeds)]
         return cls(layers, residual=residual)
 

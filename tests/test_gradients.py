@@ -1,5 +1,7 @@
 """Gradient profiles, the LTI decay bound, decay fits and planted keys (lib.gradients)."""
 
+import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -10,18 +12,25 @@ from hypothesis import strategies as st
 
 from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
                  RelativeHeads, SelectiveSSM, SoftmaxAttention)
-from lib.gradients import (DecayFit, _student_t_two_sided, fit_decay_rate, jacobian_norms, lag_norms, one_hop,
-                           planted_key_input, ssm_decay_bound, with_constant_step)
+from lib.gradients import (DecayFit, _student_t_two_sided, fit_decay_rate, gate_closing_input, jacobian_blocks,
+                           jacobian_norms, lag_norms, one_hop, planted_key_input, rnn_jacobian, saturating_input,
+                           saturation_subset, selective_jacobian, ssm_decay_bound, with_constant_step)
+from lib.zoo import architecture_zoo
 from lib.stacks import Stack
 
 FAST = settings(max_examples=15, deadline=None)
 mpow = np.linalg.matrix_power
 
 
+def full_jacobian(model, X):
+    """The full Jacobian from torch.autograd.functional (an independent route), shape (n, p, n, d)."""
+    return torch.autograd.functional.jacobian(lambda Z: model(Z), torch.tensor(X)).numpy()
+
+
 def autograd_block_norms(model, X, i):
     """‖∂y_i/∂x_j‖_F for j <= i from the full Jacobian of torch.autograd.functional (independent)."""
-    J = torch.autograd.functional.jacobian(lambda Z: model(Z), torch.tensor(X))  # (n, p, n, d)
-    return np.array([np.linalg.norm(J[i, :, j, :].numpy()) for j in range(i + 1)])
+    J = full_jacobian(model, X)
+    return np.array([np.linalg.norm(J[i, :, j, :]) for j in range(i + 1)])
 
 
 MODELS = {
@@ -54,8 +63,11 @@ MODELS = {
 def test_jacobian_norms_equal_full_autograd_jacobian_for_every_model(name):
     model = MODELS[name]()
     X = np.random.default_rng(0).standard_normal((6, model.d))
+    J = full_jacobian(model, X)
     for i in range(6):
         np.testing.assert_allclose(jacobian_norms(model, X, i), autograd_block_norms(model, X, i),
+                                   rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(jacobian_blocks(model, X, i), J[i, :, : i + 1].transpose(1, 0, 2),
                                    rtol=1e-10, atol=1e-14)
 
 
@@ -133,6 +145,40 @@ def test_thm_ssm_gradient_decay_bound_holds_on_random_stable_systems(rho, seed):
         assert np.all(norms <= exact_scale * rho ** np.arange(n))
 
 
+def test_thm_ssm_gradient_decay_needs_the_condition_number_for_non_normal_A():
+    # Eigenvalues 0.9 and 0.8, off-diagonal 10: κ₂(P) = 200 and the profile exceeds ‖C‖₂‖B‖_F ρ^D
+    # 70-fold, so a bound without κ₂(P) is false; with it the theorem holds at every distance.
+    model = LinearSSM([[0.9, 10.0], [0.0, 0.8]], np.eye(2), np.eye(2))
+    profile = lag_norms(model, 400)
+    ell = np.arange(400)
+    assert (profile / (np.sqrt(2) * 0.9 ** ell)).max() > 70
+    bound = ssm_decay_bound(model)
+    # Unit eigenvectors e1 and (−100, 1)/√10001: P = [[1, −100 s], [0, s]], s = 1/√10001, whose singular
+    # values satisfy σ₁σ₂ = s and σ₁² + σ₂² = 2, so κ₂(P) = (1 + √(1 − s²))/s = 100 + √10001.
+    assert bound.constant == pytest.approx(100 + math.sqrt(10001), rel=1e-10)
+    assert np.all(profile <= bound.at(ell))
+    # The diagonal case attains the bound: A = diag(0.8, 0.3), B = e1, C = e1ᵀ gives 0.8^ℓ exactly.
+    diagonal = LinearSSM(np.diag([0.8, 0.3]), [[1.0], [0.0]], [[1.0, 0.0]])
+    np.testing.assert_allclose(lag_norms(diagonal, 50), ssm_decay_bound(diagonal).at(np.arange(50)), rtol=1e-12)
+
+
+def test_thm_ssm_gradient_decay_jordan_block_transient():
+    # A = 0.9 I + N (size 4), B = C = I: ‖A^D‖_F² = Σ_k (4 − k) C(D, k)² 0.9^{2(D−k)} for every input;
+    # the profile rises from 2 to about 238 at D = 29 and first drops below 2/e at D = 127.
+    A = 0.9 * np.eye(4) + np.eye(4, k=1)
+    model = LinearSSM(A, np.eye(4), np.eye(4))
+    closed = np.sqrt([sum((4 - k) * (math.comb(D, k) * 0.9 ** (D - k)) ** 2 for k in range(4))
+                      for D in range(300)])
+    np.testing.assert_allclose(lag_norms(model, 300), closed, rtol=1e-12)
+    X = np.random.default_rng(0).standard_normal((300, 4))
+    np.testing.assert_allclose(jacobian_norms(model, X, 299)[::-1], closed, rtol=1e-10)
+    assert closed[0] == 2.0 and int(closed.argmax()) == 29 and closed.max() == pytest.approx(238.45, abs=0.01)
+    assert int(np.argmax(closed < 2 / np.e)) == 127
+    # The asymptotic rate is still ρ: the local log-slope tends to ln 0.9 (like ln 0.9 + 3/D).
+    slopes = np.diff(np.log(closed))
+    assert abs(slopes[-1] - math.log(0.9)) < 3.5 / 298
+
+
 def test_ssm_decay_bound_is_condition_number_times_norms():
     model = LinearSSM.random(5, 3, 2, spectral_radius=0.8, seed=3)
     bound = ssm_decay_bound(model)
@@ -181,7 +227,7 @@ def test_fit_decay_rate_is_exact_on_an_exponential():
     assert fit.intercept == pytest.approx(math.log(3.0), abs=1e-10)
     assert fit.points == 50 and fit.level == 0.95
     assert fit.log_rate_stderr < 1e-12
-    with pytest.raises(Exception):  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'rate'"):
         fit.rate = 1.0
 
 
@@ -306,6 +352,103 @@ def test_prop_attention_highway_with_position_bias_and_non_causal():
     assert np.linalg.norm(J.numpy()) == pytest.approx(V, rel=1e-6)
 
 
+def needed_strength(model, n, i, j, eps, seed=0):
+    """The smallest planted strength with α^0_ij >= 1 − ε, by bisection on lib's weights (60 halvings)."""
+    lo, hi = 1e-6, 200.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        X = planted_key_input(model, n, i, j, strength=mid, seed=seed)
+        lo, hi = (lo, mid) if one_hop(model, X, i, j)[0][0] >= 1 - eps else (mid, hi)
+    return hi
+
+
+def test_prop_attention_highway_needed_score_is_logsumexp_plus_logit():
+    # (i): α_ij >= 1 − ε iff s_ij >= lse_{t≠j} s_it + ln((1−ε)/ε); the other scores are computed here in numpy.
+    model = SoftmaxAttention.random(4, 4, heads=1, seed=3)
+    eps = 1e-3
+    for n in (3, 17, 129, 1025):
+        i, j = n - 1, n // 2 - 1
+        X = planted_key_input(model, n, i, j, strength=1.0, seed=n)  # background only matters
+        q, K = model.W_Q[0] @ X[i], X @ model.W_K[0].T
+        scores = np.delete(K @ q / math.sqrt(model.d_k), j)
+        predicted = np.logaddexp.reduce(scores) + math.log((1 - eps) / eps)
+        assert needed_strength(model, n, i, j, eps, seed=n) == pytest.approx(predicted, rel=1e-9)
+        # max <= lse <= max + ln m with m = i other keys: the gap needed grows with the position.
+        assert scores.max() <= predicted - math.log((1 - eps) / eps) <= scores.max() + math.log(i) + 1e-12
+
+
+def test_prop_attention_highway_needs_a_nonzero_value_map():
+    # With V_h = 0 the conclusion ‖J − V_h‖ <= ε‖V_h‖ = 0 would need J = 0 exactly; the other head keeps it non-zero.
+    params = SoftmaxAttention._random_projections(6, 6, 2, None, None, 0)
+    params["W_O"][0] = 0.0
+    model = SoftmaxAttention(*params.values())
+    assert np.linalg.norm(model.values()[0]) == 0
+    X = planted_key_input(model, 64, 63, 5, strength=30.0, head=0)
+    assert one_hop(model, X, 63, 5)[0][0] >= 1 - 1e-9
+    assert jacobian_norms(model, X, 63)[5] > 0
+
+
+def test_prop_attention_highway_linear_attention_converges_like_one_over_strength():
+    # (iii): for linear attention (elu + 1) the planted key gives ‖J − V_h‖ = O(m / s), not O(e^{−s}).
+    model = LinearAttention.random(4, 4, heads=2, seed=10)
+    V = model.values()[0]
+    n = 64
+    for D in (1, 20):
+        errors = []
+        for s in (1e4, 1e5, 1e6):
+            X = planted_key_input(model, n, n - 1, n - 1 - D, strength=s, seed=D)
+            errors.append(np.linalg.norm(jacobian_blocks(model, X, n - 1)[n - 1 - D] - V) / np.linalg.norm(V))
+        slopes = np.diff(np.log(errors)) / np.log(10.0)
+        np.testing.assert_allclose(slopes, -1.0, atol=0.05)
+        assert errors[-1] < 0.05
+    # At a fixed strength the weight is R/(R + a_j): far from 1 when the position (the number m of
+    # competing keys) is large — the price grows linearly with m, not like ln m.
+    weights = [one_hop(model, planted_key_input(model, m + 1, m, 0, strength=30.0, seed=m), m, 0)[0][0]
+               for m in (8, 64, 512)]
+    assert weights[0] > weights[1] > weights[2] and weights[2] < 0.5
+
+
+def test_cor_attention_price_bounds_are_attained_by_the_one_dimensional_example():
+    # W_Q = 1, W_K = −1, V = 1, R = 1 (S = 1): x_j = −1, every other token +1 gives α_ij = 1/(1 + i e^{−2})
+    # and J_ij = α(1 + 2(1 − α)) — both bounds of the corollary with equality, at every position i.
+    model = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    for n in (2, 5, 50, 400):
+        i = n - 1
+        for j in {0, i // 2, i - 1}:
+            X = np.ones((n, 1))
+            X[j] = -1.0
+            alpha = 1 / (1 + i * math.exp(-2.0))
+            assert model.weights(X)[0, i, j] == pytest.approx(alpha, rel=1e-12)
+            assert jacobian_blocks(model, X, i)[j, 0, 0] == pytest.approx(alpha * (1 + 2 * (1 - alpha)), rel=1e-12)
+
+
+def test_cor_attention_price_bounds_hold_on_random_and_planted_bounded_inputs():
+    model = SoftmaxAttention.random(4, 3, heads=1, seed=7)
+    R = 1.5
+    S = np.linalg.norm(model.W_K[0].T @ model.W_Q[0], 2) * R ** 2 / math.sqrt(model.d_k)
+    V = np.linalg.norm(model.values()[0], 2)
+    rng = np.random.default_rng(0)
+    n = 200
+    worst = 0.0
+    for trial in range(20):
+        X = rng.standard_normal((n, 4))
+        if trial % 2:  # a planted key, then every token projected back into the ball
+            X = planted_key_input(model, n, n - 1, trial, strength=50.0, seed=trial)
+        X *= R / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)  # ‖x_t‖ = R exactly
+        alpha = model.weights(X)[0, n - 1, : n - 1]
+        blocks = jacobian_blocks(model, X, n - 1)[: n - 1]
+        i = n - 1
+        assert np.all(alpha <= 1 / (1 + i * math.exp(-2 * S)) * (1 + 1e-12))
+        norms = np.linalg.norm(blocks, 2, axis=(1, 2))
+        assert np.all(norms <= alpha * (1 + 2 * S * (1 - alpha)) * V * (1 + 1e-10))
+        worst = max(worst, float((norms / ((1 + 2 * S) * V / (1 + i * math.exp(-2 * S)))).max()))
+    assert worst <= 1
+    # The position limit: a highway of accuracy ε needs i <= e^{2S}(2S + ε)/(1 − ε).
+    eps = 0.1
+    limit = math.exp(2 * S) * (2 * S + eps) / (1 - eps)
+    assert (1 + 2 * S) / (1 + (limit + 1) * math.exp(-2 * S)) < 1 - eps
+
+
 def test_one_hop_decomposition_of_the_attention_jacobian():
     # ∂y_i/∂x_j = Σ_h α^h_ij V_h + Σ_h α^h_ij V_h (x_j − x̄^h_i) (W_Kᵀ q^h_i)ᵀ/√d_k for j != i.
     model = SoftmaxAttention.random(4, 3, heads=2, seed=2)
@@ -388,8 +531,10 @@ def test_lag_norms_validation():
 
 def test_planted_key_validation():
     model = SoftmaxAttention.random(4, 4, heads=2)
-    with pytest.raises(TypeError, match="attention must be a SoftmaxAttention"):
-        planted_key_input(LinearAttention.random(4, 4), 10, 9, 0)
+    with pytest.raises(TypeError, match="attention must be a SoftmaxAttention or a LinearAttention"):
+        planted_key_input(Dense.random(4, 4), 10, 9, 0)
+    with pytest.raises(ValueError, match="stacked key maps"):
+        planted_key_input(LinearAttention.random(2, 2, heads=2, d_k=2), 10, 9, 0)
     with pytest.raises(ValueError, match="j must differ from i"):
         planted_key_input(model, 10, 5, 5)
     with pytest.raises(ValueError, match="j must be < i for causal attention"):
@@ -408,30 +553,301 @@ def test_planted_key_validation():
         one_hop(model, np.zeros((10, 4)), 9, 10)
 
 
-# -- prop-selective-gradient -------------------------------------------------------------------------
+# -- prop-selective-gradient ---------------------------------------------------------------------------
+
+GATED = {
+    "SelectiveSSM": lambda: SelectiveSSM.random(3, 4, step_range=(0.05, 0.5), seed=2),
+    "SSD 2 heads": lambda: SSD.random(4, 3, N=3, heads=2, step_range=(0.05, 0.5), seed=3),
+    "SSD 1 head": lambda: SSD.random(3, 2, N=2, heads=1, seed=4),
+}
+
+
+def hand_selective_jacobian(model, X, i, j):
+    """∂y_i/∂x_j of a SelectiveSSM by central finite differences of a plain-numpy recurrence (independent)."""
+    A = model.A
+
+    def run(Z):
+        pre = Z @ model.W_delta.T + model.b_delta
+        delta = np.logaddexp(0, pre)
+        h = np.zeros((model.d, model.N))
+        for t in range(i + 1):
+            h = np.exp(delta[t][:, None] * A) * h + (delta[t] * Z[t])[:, None] * (model.W_B @ Z[t])[None]
+        return h @ (model.W_C @ Z[i])
+
+    J = np.zeros((model.d, model.d))
+    for k in range(model.d):
+        step = np.zeros_like(X)
+        step[j, k] = 1e-6
+        J[:, k] = (run(X + step) - run(X - step)) / 2e-6
+    return J
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_prop_selective_gradient_formula_equals_autograd_on_open_random_and_closed_inputs(name):
+    # (1): J_ij = Σ_k e^{−r_k τ_k} modes_k with τ the accumulated step after j — against autograd
+    # through lib's scan, on random inputs, large inputs, and gate-closing inputs.
+    model = GATED[name]()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((7, model.d)), 5 * rng.standard_normal((7, model.d)),
+              gate_closing_input(model, 7, 2, closing=8.0)]
+    for X in inputs:
+        for i in range(7):
+            blocks = jacobian_blocks(model, X, i)
+            for j in range(i + 1):
+                path = selective_jacobian(model, X, i, j)
+                scale = np.abs(blocks[j]).max()
+                np.testing.assert_allclose(path.block, blocks[j], rtol=0, atol=1e-11 * scale)
+                # τ_k: the steps of t = j+1..i (not j), mode by mode.
+                delta = model.selection(X)[0] if isinstance(model, SelectiveSSM) else None
+                if delta is not None:
+                    assert path.steps[0] == pytest.approx(delta[j + 1: i + 1, 0].sum(), abs=1e-14)
+
+
+def test_prop_selective_gradient_formula_matches_finite_differences_of_plain_numpy():
+    model = GATED["SelectiveSSM"]()
+    X = np.random.default_rng(1).standard_normal((6, 3))
+    for i, j in [(5, 0), (5, 3), (4, 4), (2, 1)]:
+        np.testing.assert_allclose(selective_jacobian(model, X, i, j).block, hand_selective_jacobian(model, X, i, j),
+                                   rtol=1e-6, atol=1e-8)
+
+
+def test_prop_selective_gradient_bounds_2_and_3_hold_and_are_equalities_for_one_state():
+    # (2) ‖row c‖ <= e^{−a_min τ} ‖C_i‖‖G_c‖ and (3) ‖row c − undecayed row c‖ <= (1 − e^{−a_max τ}) ‖C_i‖‖G_c‖;
+    # with N = 1 both are equalities, so a wrong exponent (a_max for a_min, τ off by a step) fails.
+    for N, equality in ((1, True), (4, False)):
+        model = SelectiveSSM.random(3, N=N, step_range=(0.05, 0.5), seed=N)
+        X = np.random.default_rng(N).standard_normal((12, 3))
+        A = np.abs(model.A)
+        delta = model.selection(X)[0]
+        for j in (0, 4, 10):
+            path = selective_jacobian(model, X, 11, j)
+            tau = delta[j + 1: 12].sum(0)
+            C = model.W_C @ X[11]
+            blocks = jacobian_blocks(model, X, 11)[j]
+            for c in range(3):
+                rows = path.modes[c * N:(c + 1) * N, c, :] / C[:, None]  # G_c = ∂h_j[c]/∂x_j, (N, d)
+                factor = np.linalg.norm(C) * np.linalg.norm(rows, 2)
+                upper = np.exp(-A[c].min() * tau[c]) * factor
+                change = (1 - np.exp(-A[c].max() * tau[c])) * factor
+                measured = np.linalg.norm(blocks[c])
+                moved = np.linalg.norm(blocks[c] - path.undecayed[c])
+                assert measured <= upper * (1 + 1e-10) and moved <= change * (1 + 1e-10)
+                if equality:
+                    assert measured == pytest.approx(upper, rel=1e-10)
+                    assert moved == pytest.approx(change, rel=1e-9)
+
+
+def test_prop_selective_gradient_bounded_tokens_keep_every_gate_open():
+    # (a): ‖x_t‖ <= R gives Δ_t[c] >= softplus(b[c] − ‖W_Δ[c]‖ R); the token −R w_c/‖w_c‖ attains it.
+    model = SelectiveSSM.random(3, N=2, seed=5)
+    R = 2.0
+    W, b = model.W_delta, model.b_delta
+    floor = np.logaddexp(0, b - np.linalg.norm(W, axis=1) * R)
+    X = np.random.default_rng(0).standard_normal((400, 3))
+    X *= R / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), R)  # inside the ball
+    X[:3] = -R * W / np.linalg.norm(W, axis=1, keepdims=True)          # the minimising tokens
+    delta = model.selection(X)[0]
+    assert np.all(delta >= floor * (1 - 1e-12))
+    np.testing.assert_allclose(np.diag(delta[:3]), floor, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_cor_gate_closing_profile_is_flat_to_a_max_D_e_minus_M(name):
+    model = GATED[name]()
+    n, M = 60, 12.0
+    rates = np.abs(model.A).max() if isinstance(model, SelectiveSSM) else np.abs(model.a).max()
+    reference = None
+    for D in range(1, n):
+        j = n - 1 - D
+        X = gate_closing_input(model, n, j, closing=M, seed=0)
+        J = jacobian_blocks(model, X, n - 1)[j]
+        path = selective_jacobian(model, X, n - 1, j)
+        undecayed = path.undecayed  # independent of D for D >= 1: the same w, z and h_{j−1} = 0
+        if reference is None:
+            reference = undecayed
+        np.testing.assert_allclose(undecayed, reference, rtol=1e-12, atol=1e-12 * np.abs(reference).max())
+        allowed = rates * D * np.exp(-M) * sum(np.linalg.norm(m) for m in path.modes)
+        assert np.linalg.norm(J - undecayed) <= allowed
+    assert np.linalg.norm(reference) > 0
+    # The gates are closed: every step after j is softplus(−M).
+    X = gate_closing_input(model, n, 10, closing=M)
+    steps = model.selection(X)[0] if isinstance(model, SelectiveSSM) else model._steps(torch.tensor(X)[None])[0].numpy()
+    np.testing.assert_allclose(steps[11:], np.log1p(np.exp(-M)), rtol=1e-6)
+    np.testing.assert_allclose(X[:10], 0.0)
+
+
+def test_cor_gate_closing_gives_full_reach_where_random_inputs_decay():
+    model = SelectiveSSM.random(4, N=4, step_range=(0.1, 1.0), seed=5)
+    n = 64
+    closed = [np.linalg.norm(jacobian_blocks(model, gate_closing_input(model, n, n - 1 - D), n - 1)[n - 1 - D])
+              for D in (1, 8, 63)]
+    random = jacobian_norms(model, np.random.default_rng(0).standard_normal((n, 4)), n - 1)[::-1]
+    np.testing.assert_allclose(closed, closed[0], rtol=1e-12)
+    assert random[40] < 1e-3 * random.max()  # the same layer on a random input: gone by D = 40
+
+
+def test_gate_closing_input_validation():
+    with pytest.raises(TypeError, match="model must be a SelectiveSSM or an SSD"):
+        gate_closing_input(LinearSSM.random(2, 2, 2), 5, 1)
+    singular = SelectiveSSM(np.zeros((2, 2)), [[1.0, 1.0], [1.0, 1.0]], [0.0, 0.0], np.eye(2), np.eye(2))
+    with pytest.raises(ValueError, match="must have full row rank"):
+        gate_closing_input(singular, 5, 1)
+    model = SelectiveSSM.random(2)
+    with pytest.raises(ValueError, match="closing must be > 0"):
+        gate_closing_input(model, 5, 1, closing=0.0)
+    with pytest.raises(ValueError, match=r"j must satisfy 0 <= j < n = 5"):
+        gate_closing_input(model, 5, 5)
+    with pytest.raises(ValueError, match="j must satisfy j <= i"):
+        selective_jacobian(model, np.zeros((5, 2)), 1, 3)
+    with pytest.raises(TypeError, match="model must be a SelectiveSSM or an SSD"):
+        selective_jacobian(LinearSSM.random(2, 2, 2), np.zeros((5, 2)), 1, 0)
+
+
+# -- prop-frozen-gate ------------------------------------------------------------------------------------
+
+def mamba_mode_response(delta, a, D, b=1.3, c=-0.4):
+    """Lag-D response of one mode Ā = e^{−Δa}, B̄ = Δb, C = c, read from lib's lags (doubling)."""
+    return lag_norms(LinearSSM([[np.exp(-delta * a)]], [[delta * b]], [[c]]), D + 1)[D]
+
 
 @pytest.mark.parametrize("D", [5, 50, 500])
-def test_prop_selective_gradient_frozen_gate_best_response_is_one_over_e_a_D(D):
-    # One mode in Mamba's parametrisation: Ā = e^{−Δa}, B̄ = Δb, C = c; lag D = c b Δ e^{−ΔaD}.
-    a, b, c = 0.7, 1.3, -0.4
-    steps = np.geomspace(1e-6, 10.0, 3001)
-    responses = [lag_norms(LinearSSM([[np.exp(-s * a)]], [[s * b]], [[c]]), D + 1)[D] for s in steps]
-    best = int(np.argmax(responses))
-    assert responses[best] <= abs(b * c) / (np.e * a * D) * (1 + 1e-12)
-    assert responses[best] == pytest.approx(abs(b * c) / (np.e * a * D), rel=1e-4)
-    assert steps[best] == pytest.approx(1 / (a * D), rel=1e-2)
+def test_prop_frozen_gate_best_response_with_a_rate_floor_is_one_over_e_a_min_D(D):
+    # (i): over Δ > 0 and a >= a_min the sup of |cbΔ e^{−ΔaD}| is |cb|/(e a_min D), at a = a_min, Δ = 1/(a_min D).
+    a_min, b, c = 0.7, 1.3, -0.4
+    best = abs(b * c) / (np.e * a_min * D)
+    assert mamba_mode_response(1 / (a_min * D), a_min, D) == pytest.approx(best, rel=1e-12)
+    grid = [mamba_mode_response(s, a, D) for s in np.geomspace(1e-6, 10.0, 301) for a in a_min * np.geomspace(1, 50, 9)]
+    assert max(grid) <= best * (1 + 1e-12)
+    assert max(grid) == pytest.approx(best, rel=1e-3)
 
 
-@pytest.mark.parametrize("step", [0.05, 0.3])
-def test_prop_selective_gradient_frozen_gate_decays_at_the_accumulated_step_rate(step):
-    model = with_constant_step(SelectiveSSM.random(3, N=4, seed=1), step)
-    a_min = float(np.abs(model.A).min())
-    X = np.random.default_rng(2).standard_normal((200, 3))
-    norms = jacobian_norms(model, X, 199)[::-1]
-    fit = fit_decay_rate(norms, start=40, floor=1e-250)
-    # At least the accumulated-step rate e^{−a_min Δ} per step, and not much faster (slowest mode).
-    assert fit.log_rate <= -a_min * step + 3 * fit.log_rate_stderr
-    assert fit.log_rate >= -a_min * step * 1.2 - 3 * fit.log_rate_stderr
+@pytest.mark.parametrize("delta", [0.01, 0.1, 1.0])
+def test_prop_frozen_gate_learnable_rate_removes_the_one_over_D_price(delta):
+    # (ii): a = 1/(ΔD) gives |cb|Δ/e at every D, and smaller rates approach |cb|Δ: no 1/D.
+    b, c = 1.3, -0.4
+    for D in (10, 100, 1000):
+        assert mamba_mode_response(delta, 1 / (delta * D), D) == pytest.approx(abs(b * c) * delta / np.e, rel=1e-12)
+        assert mamba_mode_response(delta, 1e-9, D) == pytest.approx(abs(b * c) * delta, rel=1e-5)
+
+
+def test_constant_step_trades_reach_for_amplitude():
+    base = SelectiveSSM.random(2, N=4, seed=0)  # A = −(1, 2, 3, 4) per channel
+    X = np.tile(np.random.default_rng(0).standard_normal(2), (801, 1))  # one token repeated
+    profiles = {}
+    for step in (0.001, 0.002, 0.01, 0.02, 0.2):
+        model = with_constant_step(base, step)
+        delta, _, _ = model.selection(X)
+        np.testing.assert_allclose(delta, step, rtol=1e-12)
+        profiles[step] = jacobian_norms(model, X, 800)[::-1]
+    # The slowest mode (|A| = 1) sets the rate exp(−step) once the faster ones are gone.
+    for step in (0.01, 0.02, 0.2):
+        assert fit_decay_rate(profiles[step], start=400).rate == pytest.approx(math.exp(-step), abs=2e-5)
+    # The input enters as Δ·B_t x_t: doubling a small Δ about doubles J_ij (exactly 2 e^{−Δ|A_n|} mode by mode).
+    assert profiles[0.002][1] == pytest.approx(2 * profiles[0.001][1], rel=0.01)
+    assert profiles[0.001][800] > 0.01 * profiles[0.001][1]
+    assert profiles[0.001][1] < 0.1 * profiles[0.2][1]
+    assert profiles[0.2][800] < 1e-60 * profiles[0.2][1]
+
+
+def test_with_constant_step_validation():
+    with pytest.raises(TypeError, match="model must be a SelectiveSSM"):
+        with_constant_step(LinearSSM.random(2, 2, 2), 0.1)
+    with pytest.raises(ValueError, match="step must be > 0"):
+        with_constant_step(SelectiveSSM.random(2), 0.0)
+
+
+# -- prop-rnn-gradient ----------------------------------------------------------------------------------
+
+def saturated_product(rnn, subset, M, D):
+    """C (ΦW)^D Φ U with Φ = P_S + sech²(M) P_{S^c}, by numpy matrix powers (independent of lib)."""
+    phi = np.full(rnn.N, 1 / np.cosh(M) ** 2)
+    phi[list(subset)] = 1.0
+    return rnn.C @ np.linalg.matrix_power(phi[:, None] * rnn.W, D) @ (phi[:, None] * rnn.U)
+
+
+def test_prop_rnn_gradient_formula_equals_autograd():
+    rnn = ElmanRNN.random(4, 5, 3, seed=1)
+    X = 2 * np.random.default_rng(1).standard_normal((8, 5))
+    for i in range(8):
+        blocks = jacobian_blocks(rnn, X, i)
+        for j in range(i + 1):
+            np.testing.assert_allclose(rnn_jacobian(rnn, X, i, j), blocks[j], rtol=1e-10, atol=1e-13)
+
+
+def test_prop_rnn_gradient_saturating_input_gives_the_principal_block_power():
+    # (b): on one input, J_{i,i−D} = C (ΦW)^D Φ U for every D; here W has ρ(W) = 0.5 but W_00 = 1.5.
+    W = np.array([[1.5, 1.0], [-2.0, -1.5]])
+    assert np.abs(np.linalg.eigvals(W)).max() == pytest.approx(0.5)
+    rnn = ElmanRNN(W, [[1.0, 0.3], [0.2, 1.0]], [[1.0, 0.5]])
+    assert saturation_subset(rnn) == ((0,), pytest.approx(1.5))
+    n = 40
+    for M in (3.0, 20.0):
+        X = saturating_input(rnn, n, (0,), saturation=M)
+        blocks = jacobian_blocks(rnn, X, n - 1)
+        for D in range(n):
+            np.testing.assert_allclose(blocks[n - 1 - D], saturated_product(rnn, (0,), M, D), rtol=1e-8, atol=1e-300)
+    # The limit C_{:,S} W_SS^D U_{S,:} = 1.5^D C_0 U_0: the gradient grows although ρ(W) = 0.5.
+    np.testing.assert_allclose(blocks[0], 1.5 ** (n - 1) * np.outer(rnn.C[:, 0], rnn.U[0]), rtol=1e-10)
+
+
+def test_prop_rnn_gradient_contractive_scaling_bounds_every_input_including_adversarial_ones():
+    # (a): W = Λ⁻¹ (0.9 Q) Λ with Q orthogonal, Λ = diag(1, 10, 100): ‖W‖₂ ≫ 1 but ‖ΛWΛ⁻¹‖₂ = 0.9.
+    rng = np.random.default_rng(3)
+    Q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    scale = np.array([1.0, 10.0, 100.0])
+    W = (0.9 * Q) * scale[None, :] / scale[:, None]     # Λ⁻¹ (0.9 Q) Λ
+    assert np.linalg.norm(W, 2) > 5
+    rnn = ElmanRNN(W, rng.standard_normal((3, 3)), rng.standard_normal((2, 3)))
+    constant = np.linalg.norm(rnn.C / scale[None, :], 2) * np.linalg.norm(scale[:, None] * rnn.U, 2)
+    n = 30
+    inputs = [rng.standard_normal((n, 3)), 10 * rng.standard_normal((n, 3))]
+    inputs += [saturating_input(rnn, n, S, saturation=M) for M in (1.0, 20.0)
+               for size in (1, 2, 3) for S in itertools.combinations(range(3), size)]
+    for X in inputs:
+        blocks = jacobian_blocks(rnn, X, n - 1)
+        for D in range(n):
+            assert np.linalg.norm(blocks[n - 1 - D], 2) <= constant * 0.9 ** D * (1 + 1e-9)
+    # (c): every principal block of W has spectral radius <= 0.9.
+    assert saturation_subset(rnn)[1] <= 0.9 + 1e-12
+    # Equality for one state held at z = 0: J = C W^D U exactly.
+    scalar = ElmanRNN([[0.8]], [[1.0]], [[2.0]])
+    blocks = jacobian_blocks(scalar, saturating_input(scalar, 20, (0,)), 19)[::-1]
+    np.testing.assert_allclose(blocks[:, 0, 0], 2.0 * 0.8 ** np.arange(20), rtol=1e-12)
+
+
+def test_prop_rnn_gradient_the_zoo_rnn_grows_on_a_saturating_input():
+    rnn = next(a.model for a in architecture_zoo(d=4, p=4, n=32, seed=0) if isinstance(a.model, ElmanRNN))
+    assert np.abs(np.linalg.eigvals(rnn.W)).max() == pytest.approx(0.9)
+    subset, radius = saturation_subset(rnn)
+    # Exhaustive check of the subset search against a brute force written here.
+    brute = max((np.abs(np.linalg.eigvals(rnn.W[np.ix_(S, S)])).max(), S)
+                for size in range(1, 5) for S in itertools.combinations(range(4), size))
+    assert subset == brute[1] and radius == pytest.approx(brute[0], rel=1e-12)
+    assert radius > 1
+    n = 128
+    profile = jacobian_norms(rnn, saturating_input(rnn, n), n - 1)[::-1]
+    assert profile[-1] > 100 * profile[1]
+
+
+def test_rnn_helpers_validation():
+    rnn = ElmanRNN.random(3, 2, 2)  # U is 3 × 2: not of full row rank
+    with pytest.raises(ValueError, match="must have full row rank"):
+        saturating_input(rnn, 5, (0,))
+    square = ElmanRNN.random(3, 3, 2)
+    with pytest.raises(ValueError, match="subset must hold distinct indices"):
+        saturating_input(square, 5, (0, 0))
+    with pytest.raises(ValueError, match="subset must hold distinct indices"):
+        saturating_input(square, 5, (3,))
+    with pytest.raises(TypeError, match="subset must be a collection"):
+        saturating_input(square, 5, 1)
+    with pytest.raises(ValueError, match="saturation must be > 0"):
+        saturating_input(square, 5, (0,), saturation=-1.0)
+    with pytest.raises(TypeError, match="rnn must be a ElmanRNN"):
+        saturation_subset(LinearSSM.random(2, 2, 2))
+    with pytest.raises(ValueError, match="N <= 12"):
+        saturation_subset(ElmanRNN.random(13, 2, 2))
+    with pytest.raises(ValueError, match="j must satisfy j <= i"):
+        rnn_jacobian(square, np.zeros((4, 3)), 1, 2)
 
 
 # -- gradient_reach ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Stacks: operator = product of the layers' operators, gradient paths through hybrids (lib.stacks)."""
 
+from itertools import combinations
 from math import comb
 
 import numpy as np
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 
 from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
                  RelativeHeads, SelectiveSSM, SoftmaxAttention, apply_operator, identity_error, s4d_ssm)
-from lib.gradients import jacobian_norms, planted_key_input, stack_decay_bound
-from lib.stacks import Stack
+from lib.gradients import jacobian_norms, planted_key_input, ssm_decay_bound, stack_decay_bound
+from lib.stacks import Stack, ssm_layer
 
 FAST = settings(max_examples=20, deadline=None)
 
@@ -158,33 +159,74 @@ def test_stack_validation():
 
 # -- prop-stack-decay -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("depth, residual", [(1, True), (3, True), (3, False), (5, True)])
-def test_prop_stack_decay_bound_holds_for_residual_and_plain_stacks(depth, residual):
-    rho, n, width = 0.8, 60, 2
+def dense_stack_profile(stack, n):
+    """‖J_{n−1, n−1−D}‖_F from the product of the layers' block-Toeplitz matrices, with lags C A^ℓ B
+    from numpy matrix powers and residual identities added explicitly (independent of lib's Stack)."""
+    d = stack.d
+    M = np.eye(n * d)
+    for layer in stack.layers:
+        lags = [layer.C @ np.linalg.matrix_power(layer.A, ell) @ layer.B for ell in range(n)]
+        T = np.zeros((n * d, n * d))
+        for i in range(n):
+            for j in range(i + 1):
+                T[i * d:(i + 1) * d, j * d:(j + 1) * d] = lags[i - j]
+        M = ((np.eye(n * d) + T) if stack.residual else T) @ M
+    last = M[(n - 1) * d:, :].reshape(d, n, d)
+    return np.array([np.linalg.norm(last[:, n - 1 - D, :]) for D in range(n)])
+
+
+def subset_bound(constants, r, n, d, residual):
+    """The bound of prop-stack-decay written out here: products over subsets of layers (independent)."""
+    L = len(constants)
+    bound = np.zeros(n)
+    sizes = range(1, L + 1) if residual else [L]
+    for s in sizes:
+        for S in combinations(range(L), s):
+            K = np.prod([constants[m] for m in S])
+            bound += K * np.array([comb(D + s - 1, s - 1) * r ** D for D in range(n)])
+    if residual:
+        bound[0] += np.sqrt(d)
+    return bound
+
+
+@pytest.mark.parametrize("depth, residual", [(1, True), (1, False), (3, True), (3, False), (5, True)])
+def test_prop_stack_decay_bound_holds_and_the_jacobian_is_the_dense_kernel(depth, residual):
+    rho, n, width = 0.8, 40, 2
     stack = Stack([s4d_ssm(4, width, rho, seed=10 + k) for k in range(depth)], residual=residual)
-    bound = stack_decay_bound(stack, n, rho)
     X = np.random.default_rng(depth).standard_normal((n, width))
     profile = jacobian_norms(stack, X, n - 1)[::-1]
-    assert bound.shape == (n,) and (profile <= bound * (1 + 1e-9)).all()
+    np.testing.assert_allclose(profile, dense_stack_profile(stack, n), rtol=1e-9, atol=1e-14)
+    for constants in (None, [ssm_decay_bound(layer).scale for layer in stack.layers]):
+        bound = stack_decay_bound(stack, n, rho, constants=constants)
+        assert bound.shape == (n,) and (profile <= bound * (1 + 1e-9)).all()
+        if constants is not None:  # the theorem's constants, written out independently
+            np.testing.assert_allclose(bound, subset_bound(constants, rho, n, width, residual), rtol=1e-10)
 
 
-@pytest.mark.parametrize("depth", [1, 2, 4])
-def test_prop_stack_decay_bound_is_attained_by_scalar_layers(depth):
-    # L plain layers y_t = Σ_ℓ r^ℓ x_{t−ℓ}: each K = 1, and the stack's lag-D kernel is the
-    # number of compositions of D into L parts times r^D — the bound, with equality.
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+@pytest.mark.parametrize("residual", [False, True])
+def test_prop_stack_decay_bound_is_attained_by_scalar_layers(depth, residual):
+    # Layers y_t = Σ_ℓ K_m r^ℓ x_{t−ℓ}: every path is positive, so the stack's kernel is the bound.
     r, n = 0.9, 40
-    stack = Stack([LinearSSM([[r]], [[1.0]], [[1.0]]) for _ in range(depth)])
-    exact = np.array([comb(D + depth - 1, depth - 1) * r ** D for D in range(n)])
+    constants = [1.0, 0.5, 2.0, 1.5][:depth]
+    stack = Stack([LinearSSM([[r]], [[K]], [[1.0]]) for K in constants], residual=residual)
+    exact = subset_bound(constants, r, n, 1, residual)
     np.testing.assert_allclose(stack_decay_bound(stack, n, r), exact, rtol=1e-12)
     profile = jacobian_norms(stack, np.ones((n, 1)), n - 1)[::-1]
     np.testing.assert_allclose(profile, exact, rtol=1e-10)
 
 
-def test_stack_decay_bound_residual_adds_the_identity_at_lag_zero():
-    # One scalar residual layer: kernel 1 + 1 at lag 0, r^ℓ after; K = max(2, 1) = 2.
-    r, n = 0.5, 10
-    stack = Stack([LinearSSM([[r]], [[1.0]], [[1.0]])], residual=True)
-    np.testing.assert_allclose(stack_decay_bound(stack, n, r), 2 * r ** np.arange(n), rtol=1e-12)
+def test_prop_stack_decay_the_folded_constant_statement_fails_with_residuals():
+    # The old statement K^L C(D+L−1, L−1) r^D for residual stacks (K = 1 here): at D = 0 the residual
+    # stack's Jacobian is 2^L, twice, four, eight times that bound for L = 1, 2, 3.
+    r, n = 0.9, 10
+    for L, ratio in ((1, 2.0), (2, 4.0), (3, 8.0)):
+        layers = [LinearSSM([[r]], [[1.0]], [[1.0]])] * L
+        residual = Stack(layers, residual=True)
+        old_bound = stack_decay_bound(Stack(layers), n, r)  # K^L C(D+L−1, L−1) r^D with K = 1
+        profile = jacobian_norms(residual, np.ones((n, 1)), n - 1)[::-1]
+        assert profile[0] / old_bound[0] == pytest.approx(ratio, rel=1e-12)
+        assert (profile <= stack_decay_bound(residual, n, r) * (1 + 1e-12)).all()
 
 
 def test_stack_decay_bound_keeps_tiny_far_lags():
@@ -206,3 +248,30 @@ def test_stack_decay_bound_bad_input():
         stack_decay_bound(Stack([ssm]), 5, 1.0)
     with pytest.raises(ValueError, match="n must be"):
         stack_decay_bound(Stack([ssm]), 0, 0.5)
+    with pytest.raises(ValueError, match=r"constants must have one entry per layer \(2\)"):
+        stack_decay_bound(Stack([ssm, ssm]), 5, 0.5, constants=[1.0])
+    with pytest.raises(ValueError, match=r"constants\[0\] = 0.001 does not bound layer 0's lags"):
+        stack_decay_bound(Stack([ssm]), 5, 0.5, constants=[1e-3])
+    with pytest.raises(ValueError, match=r"constants\[1\] must be >= 0"):
+        stack_decay_bound(Stack([ssm, ssm]), 5, 0.5, constants=[1.0, -1.0])
+    with pytest.raises(TypeError, match="constants must be a sequence"):
+        stack_decay_bound(Stack([ssm]), 5, 0.5, constants=1.0)
+
+
+# -- SSM layer kinds --------------------------------------------------------------------------------------
+
+def test_ssm_layer_kinds_and_the_hybrid_uses_them():
+    for kind, normal in (("gaussian", False), ("s4d-lin", True), ("s4d-real", True)):
+        layer = ssm_layer(kind, 6, 3, 0.8, seed=1)
+        A = layer.A
+        assert np.abs(np.linalg.eigvals(A)).max() == pytest.approx(0.8, rel=1e-12)
+        assert np.allclose(A @ A.T, A.T @ A, atol=1e-12) == normal
+    hybrid = Stack.hybrid(3, 8, 4, ssm="s4d-lin", state_size=6, spectral_radius=0.8, seed=2)
+    attention = [k for k, layer in enumerate(hybrid.layers) if isinstance(layer, SoftmaxAttention)]
+    assert attention == [0, 4]
+    seeds = np.random.SeedSequence(2).spawn(8)
+    np.testing.assert_array_equal(hybrid.layers[1].A, ssm_layer("s4d-lin", 6, 3, 0.8, seed=seeds[1]).A)
+    with pytest.raises(ValueError, match="ssm must be one of"):
+        Stack.hybrid(3, 4, 2, ssm="hippo")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ssm_layer("hippo", 2, 2, 0.5)
