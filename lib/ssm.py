@@ -285,7 +285,10 @@ class LinearSSM(_Routed):
             B = torch.linalg.solve(left, step * B_c)
         else:
             block = torch.cat([torch.cat([A_c, B_c], 1), torch.zeros(d, N + d, dtype=dtype)], 0)
-            top = torch.linalg.matrix_exp(step * block)[:N]
+            # torch.linalg.matrix_exp takes, for a single matrix of small norm, a degree-8 Taylor
+            # path with a wrong x^7 coefficient (pytorch/pytorch#196592: errors ~1e-12 in float64);
+            # a batch of more than one matrix always takes the degree-18 path: exponentiate two copies.
+            top = torch.linalg.matrix_exp(torch.stack([step * block] * 2))[0, :N]
             A, B = top[:, :N], top[:, N:]
         return cls(A, B, C_c, dtype=dtype)
 
