@@ -606,6 +606,18 @@ def input_families(n, d, rng, scale=30.0, batch=3):
 # -- prop-structured-dynamics ------------------------------------------------------------------
 
 
+def adversarial_factors(n, N, d, p, rng):
+    """Arbitrary per-step A_i (n, N, N), B_i (n, N, d), C_i (n, p, N): Gaussian, with a reset
+    (A_2 = 0), a rank-one A_3, a large A_4 (norm ~ 10), B_5 = 0 and C_6 = 0 (for n >= 6)."""
+    As, Bs, Cs = rng.standard_normal((n, N, N)), rng.standard_normal((n, N, d)), rng.standard_normal((n, p, N))
+    As[1:2] = 0.0
+    As[2:3] = np.outer(rng.standard_normal(N), rng.standard_normal(N))
+    As[3:4] *= 10
+    Bs[4:5] = 0.0
+    Cs[5:6] = 0.0
+    return As, Bs, Cs
+
+
 def structured_recurrence(As, Bs, Cs, X):
     """def-structured-dynamics: s_0 = 0, s_i = A_i s_{i−1} + B_i x_i, y_i = C_i s_i.
 
@@ -775,6 +787,20 @@ def value_rank(model):
 
 
 # -- prop-discretisation --------------------------------------------------------------------------
+
+
+def continuous_systems(N, d, p, rng, hurwitz=4, singular=2):
+    """(kind, A_c, B_c, C) test systems: Hurwitz A_c (a Gaussian shifted so its rightmost
+    eigenvalue has real part −0.05), singular ones (a product of N × (N−1) and (N−1) × N
+    Gaussians: rank N − 1), the nilpotent shift (ones above the diagonal) and A_c = 0."""
+    systems = []
+    for _ in range(hurwitz):
+        A = rng.standard_normal((N, N))
+        systems.append(("Hurwitz", A - (np.linalg.eigvals(A).real.max() + 0.05) * np.eye(N)))
+    for _ in range(singular):
+        systems.append(("singular", rng.standard_normal((N, N - 1)) @ rng.standard_normal((N - 1, N))))
+    systems += [("nilpotent", np.eye(N, k=1)), ("zero", np.zeros((N, N)))]
+    return [(kind, A, rng.standard_normal((N, d)), rng.standard_normal((p, N))) for kind, A in systems]
 
 
 def bilinear(A_c, B_c, step):

@@ -146,15 +146,11 @@ def test_lti_constructors():
 
 
 def continuous_systems():
-    """(kind, A_c, B_c, C): Hurwitz, singular (rank N − 1), nilpotent, zero, and one with 2/Δ-free
-    eigenvalues on both sides of the imaginary axis."""
+    """(kind, A_c, B_c, C): Hurwitz, singular (rank N − 1), nilpotent, zero, and an unstable one."""
     rng = np.random.default_rng(11)
-    hurwitz = rng.standard_normal((4, 4))
-    hurwitz -= (np.linalg.eigvals(hurwitz).real.max() + 0.05) * np.eye(4)
-    singular = rng.standard_normal((4, 3)) @ rng.standard_normal((3, 4))
-    systems = {"Hurwitz": hurwitz, "singular": singular, "nilpotent": np.eye(4, k=1), "zero": np.zeros((4, 4)),
-               "unstable": rng.standard_normal((4, 4))}
-    return [(kind, A, rng.standard_normal((4, 2)), rng.standard_normal((3, 4))) for kind, A in systems.items()]
+    systems = ref.continuous_systems(4, 2, 3, rng, hurwitz=1, singular=1)
+    return systems + [("unstable", rng.standard_normal((4, 4)), rng.standard_normal((4, 2)),
+                       rng.standard_normal((3, 4)))]
 
 
 SYSTEMS = continuous_systems()
@@ -423,24 +419,11 @@ def test_ssd_rejects_heads_not_dividing_d():
 # -- prop-structured-dynamics -------------------------------------------------------------
 
 
-def adversarial_factors(n, N, d, p, seed):
-    """Arbitrary per-step A_i, B_i, C_i: Gaussian, with a reset (A = 0), a singular A, a large
-    A (norm ~ 10), a step with B = 0 and one with C = 0."""
-    rng = np.random.default_rng(seed)
-    As, Bs, Cs = rng.standard_normal((n, N, N)), rng.standard_normal((n, N, d)), rng.standard_normal((n, p, N))
-    As[1] = 0.0
-    As[2] = np.outer(rng.standard_normal(N), rng.standard_normal(N))
-    As[3] *= 10
-    Bs[4] = 0.0
-    Cs[5] = 0.0
-    return As, Bs, Cs
-
-
 @pytest.mark.parametrize("N,d,p", [(1, 1, 1), (3, 2, 4), (4, 3, 2)])
 def test_prop_structured_dynamics_product_formula_equals_the_recurrence_for_arbitrary_factors(N, d, p):
     # Independent routes in numpy: the operator by impulses through the recurrence (linear in X
     # once the factors are fixed), and the product formula C_i A_i ⋯ A_{j+1} B_j.
-    As, Bs, Cs = adversarial_factors(8, N, d, p, seed=N + d)
+    As, Bs, Cs = ref.adversarial_factors(8, N, d, p, np.random.default_rng(N + d))
     product = ref.structured_operator(As, Bs, Cs)
     assert ref.itemwise_error(product, ref.impulse_operator(As, Bs, Cs), 2) <= 1e-12
     assert np.all(product[np.triu_indices(8, 1)] == 0)  # causal
