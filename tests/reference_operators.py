@@ -702,6 +702,17 @@ def structured_factors(model, X):
     raise NotImplementedError(f"{kind} is not given structured dynamics in the chapter")
 
 
+def structured_error(model, X):
+    """Largest per-item error, over the sequences of X (b, n, d), of lib's operator against the
+    product formula and of lib's forward pass against the recurrence, with the model's factors."""
+    worst = 0.0
+    for x in np.asarray(X, dtype=float):
+        As, Bs, Cs = structured_factors(model, x)
+        worst = max(worst, itemwise_error(np.asarray(model.operator(x)), structured_operator(As, Bs, Cs), 2),
+                    itemwise_error(np.asarray(model(x)), structured_recurrence(As, Bs, Cs, x), 1))
+    return worst
+
+
 # -- interaction ranks as the chapter states them -----------------------------------------------
 
 
@@ -801,6 +812,12 @@ def continuous_systems(N, d, p, rng, hurwitz=4, singular=2):
         systems.append(("singular", rng.standard_normal((N, N - 1)) @ rng.standard_normal((N - 1, N))))
     systems += [("nilpotent", np.eye(N, k=1)), ("zero", np.zeros((N, N)))]
     return [(kind, A, rng.standard_normal((N, d)), rng.standard_normal((p, N))) for kind, A in systems]
+
+
+def system_names(systems):
+    """'Hurwitz 1', 'Hurwitz 2', …, 'singular 1', …: the kinds of `continuous_systems`, numbered."""
+    kinds = [s[0] for s in systems]
+    return [f"{kind} {kinds[:k + 1].count(kind)}" for k, kind in enumerate(kinds)]
 
 
 def bilinear(A_c, B_c, step):
