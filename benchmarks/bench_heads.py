@@ -13,6 +13,12 @@ error curves (rtol 1e-6 relative to the total energy).
 Sizes: p = d = 8, N = 64, spectral radius 0.99, n ∈ {256, 1024, 4096}; the dense route
 runs where it fits (see `dense_fits`), ours alone at n = 16384 (targets: about 1 s, under
 1 GB). Timer, threads and peak memory: benchmarks/harness.py.
+
+Also timed: the lags themselves, `LinearSSM.lags(n)` (A^ℓ B by doubling: O(log n) batched
+products) against the per-lag loop L_ℓ = C A^ℓ B by repeated multiplication, at
+n ∈ {256, 1024, 4096, 16384} (target at 16384: under 1 s; this replaces a wall-clock
+assertion that used to sit in tests/test_ssm.py). Outputs must agree to 1e-10
+(max |Δ| / max |L|).
 """
 
 from __future__ import annotations
@@ -64,6 +70,30 @@ ROUTES = {
     "optimal_head_errors": (lambda s, n: optimal_head_errors(s, n, P * D),
                             lambda s, n: dense_errors(s, n, P * D)),
 }
+
+
+def loop_lags(ssm: LinearSSM, n: int) -> np.ndarray:
+    """The baseline of the lags: L_ℓ = C A^ℓ B, one matrix product per lag."""
+    A, B, C = ssm.A, ssm.B, ssm.C
+    power_B, lags = B, np.empty((n, ssm.p, ssm.d))
+    for ell in range(n):
+        lags[ell] = C @ power_B
+        power_B = A @ power_B
+    return lags
+
+
+def lag_rows(ssm: LinearSSM, sizes, pairs: int, quick: bool) -> list[dict]:
+    """Rows of the lags benchmark: `ssm.lags(n)` (doubling) vs `loop_lags` (per-lag loop)."""
+    rows = []
+    for n in sizes:
+        times, out = interleaved({"ours": lambda: ssm.lags(n), "loop": lambda: loop_lags(ssm, n)}, pairs)
+        diff = float(np.abs(out["ours"] - out["loop"]).max() / np.abs(out["loop"]).max())
+        assert diff <= 1e-10, diff
+        targets = [Target("ours_s", "<=", 1.0, "≤ 1 s")] if n == 16384 and not quick else []
+        rows.append(row(CAPABILITY, "lags", n, model=MODEL, ours="LinearSSM.lags (doubling)",
+                        baseline="per-lag loop C A^ℓ B", ours_times=times["ours"],
+                        baseline_times=times["loop"], max_rel_diff=diff, targets=targets))
+    return rows
 
 
 def prepare(operation: str, which: int, n: int):
@@ -135,6 +165,7 @@ def main() -> int:
                              f"{operator_gib:.0f} GiB",
                         targets=[] if args.quick else [Target("ours_s", "<=", 1.0, "≤ about 1 s"),
                                                        Target("ours_peak_mib", "<=", GB, "under 1 GB")]))
+    rows += lag_rows(ssm, (256, 1024) if args.quick else (256, 1024, 4096, 16384), args.pairs, args.quick)
     return finish(rows, CAPABILITY, args)
 
 

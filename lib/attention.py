@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ._validation import as_parameter, check_int, resolve_dtype
 from .base import SequenceMap, _to_numpy
@@ -187,8 +186,13 @@ class SoftmaxAttention(_MultiHead):
 
 
 def elu_plus_one(u: torch.Tensor) -> torch.Tensor:
-    """φ(u) = elu(u) + 1 > 0, the feature map of Katharopoulos et al. (2020)."""
-    return F.elu(u) + 1
+    """φ(u) = elu(u) + 1 > 0, the feature map of Katharopoulos et al. (2020).
+
+    Computed as u + 1 for u > 0 and e^u for u <= 0: the literal (e^u − 1) + 1 loses the
+    relative accuracy of e^u for u ≪ 0 (about 1e-3 at u = −30) and rounds it to 0 below
+    u ≈ −37, which would zero the normaliser of a query far sooner than e^u underflows.
+    """
+    return torch.where(u > 0, u + 1, torch.exp(torch.clamp(u, max=0.0)))
 
 
 class LinearAttention(_MultiHead):
@@ -235,7 +239,8 @@ class LinearAttention(_MultiHead):
     @staticmethod
     def _normalise(numerator: torch.Tensor, normaliser: torch.Tensor) -> torch.Tensor:
         if not bool((normaliser > 0).all()):
-            raise ValueError("feature_map must return positive features; got a normaliser <= 0")
+            raise ValueError("feature_map must return positive features; got a normaliser <= 0 "
+                             "(positive features can also underflow to 0: elu + 1 below about -745)")
         return numerator / normaliser
 
     def _weights(self, X: torch.Tensor) -> torch.Tensor:

@@ -253,10 +253,13 @@ class LinearSSM(_Routed):
                         dtype: Any = torch.float64) -> "LinearSSM":
         """Discretise ṡ = A_c s + B_c x, y = C s with step Δ ({prf:ref}`prop-discretisation`).
 
-        bilinear (S4): A = (I − Δ/2 A_c)^{-1}(I + Δ/2 A_c),  B = (I − Δ/2 A_c)^{-1} Δ B_c.
-        zoh (Mamba):   A = exp(Δ A_c),  B = A_c^{-1}(exp(Δ A_c) − I) B_c = ∫_0^Δ exp(τ A_c) dτ B_c,
-                       computed for any A_c (also singular) from the exponential of the block
-                       matrix Δ [[A_c, B_c], [0, 0]], whose top row is [A, B].
+        bilinear (S4): A = (I − Δ/2 A_c)^{-1}(I + Δ/2 A_c),  B = (I − Δ/2 A_c)^{-1} Δ B_c;
+                       defined iff 2/Δ is not an eigenvalue of A_c (ValueError naming A_c and
+                       step otherwise, when I − Δ/2 A_c is numerically singular).
+        zoh (Mamba):   A = exp(Δ A_c),  B = ∫_0^Δ exp(τ A_c) dτ B_c = Δ φ₁(Δ A_c) B_c with
+                       φ₁(M) = Σ_k M^k/(k+1)!, defined for every A_c (singular included); it equals
+                       A_c^{-1}(exp(Δ A_c) − I) B_c only when A_c is invertible.  Computed from the
+                       exponential of the block matrix Δ [[A_c, B_c], [0, 0]], whose top row is [A, B].
         C is unchanged.
 
         Args:
@@ -276,12 +279,16 @@ class LinearSSM(_Routed):
         if method == "bilinear":
             left = identity - step / 2 * A_c
             if torch.linalg.matrix_rank(left.detach()) < N:
-                raise ValueError("A_c has eigenvalue 2/step, so I - step/2 A_c is singular; use another step")
+                raise ValueError(f"A_c has the eigenvalue 2/step = {2 / step:g}, so I - step/2 A_c is singular "
+                                 "and the bilinear rule is undefined; use another step or method='zoh'")
             A = torch.linalg.solve(left, identity + step / 2 * A_c)
             B = torch.linalg.solve(left, step * B_c)
         else:
             block = torch.cat([torch.cat([A_c, B_c], 1), torch.zeros(d, N + d, dtype=dtype)], 0)
-            top = torch.linalg.matrix_exp(step * block)[:N]
+            # torch.linalg.matrix_exp takes, for a single matrix of small norm, a degree-8 Taylor
+            # path with a wrong x^7 coefficient (pytorch/pytorch#196592: errors ~1e-12 in float64);
+            # a batch of more than one matrix always takes the degree-18 path: exponentiate two copies.
+            top = torch.linalg.matrix_exp(torch.stack([step * block] * 2))[0, :N]
             A, B = top[:, :N], top[:, N:]
         return cls(A, B, C_c, dtype=dtype)
 
@@ -387,6 +394,9 @@ class SelectiveSSM(_Routed):
     i.e. "C_i A_i ⋯ A_{j+1} B_j" with input-dependent factors evaluated at X.
     Deviations from the Mamba block: no D skip connection, no z gate, no
     convolution or in/out projections, and a full-rank W_Δ (Mamba's is low rank).
+    Δ uses torch's softplus, which returns z itself for z > 20: an absolute error
+    below e^{-20} ≈ 2e-9 in Δ, hence relative errors up to about |A| Σ_t 2e-9 in
+    the decays when pre-activations exceed 20 (large tokens).
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop over
     time), "scan" (a two-level chunked scan: ~2√n vectorised steps, forming only
@@ -508,7 +518,8 @@ class SSD(_Routed):
     where P_h ∈ ℝ^{d×d} keeps head h's channels: a scalar times a shared map per
     head, so SSD lies in the factorized class with V_h = W_O P_h and its
     interaction rank is at most H (1 for one head).  The input is scaled by Δ_j as
-    in Mamba-2's reference (x·dt); no D skip, no gate, no normalisation.
+    in Mamba-2's reference (x·dt); no D skip, no gate, no normalisation.  Δ uses
+    torch's softplus (exact to e^{-20} ≈ 2e-9 absolute above 20; see SelectiveSSM).
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop),
     "scan" (the chunked scan of SelectiveSSM), "auto" (= scan).
@@ -548,6 +559,31 @@ class SSD(_Routed):
         W_delta, W_B, W_C, W_O = (rng.standard_normal(shape) / np.sqrt(d)
                                   for shape in ((heads, d), (N, d), (N, d), (p, d)))
         return cls(A_log, W_delta, b_delta, W_B, W_C, W_O, dtype=dtype)
+
+    @property
+    def A_log(self) -> np.ndarray:
+        """A_log, shape (H,); the decay rates are a_h = −exp(A_log[h])."""
+        return _to_numpy(self._A_log)
+
+    @property
+    def W_delta(self) -> np.ndarray:
+        """w_Δ^h as rows, shape (H, d)."""
+        return _to_numpy(self._W_delta)
+
+    @property
+    def b_delta(self) -> np.ndarray:
+        """b_Δ, shape (H,)."""
+        return _to_numpy(self._b_delta)
+
+    @property
+    def W_B(self) -> np.ndarray:
+        """W_B, shape (N, d): B_t = W_B x_t."""
+        return _to_numpy(self._W_B)
+
+    @property
+    def W_C(self) -> np.ndarray:
+        """W_C, shape (N, d): C_t = W_C x_t."""
+        return _to_numpy(self._W_C)
 
     @property
     def W_O(self) -> np.ndarray:

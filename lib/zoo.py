@@ -3,9 +3,11 @@
 The framework chapter ({ref}`chap-framework`) writes nine architectures as interaction
 operators. `architecture_zoo` builds one random instance of each (two for the attention-style
 layers: one head and several), all with the same token widths d and p, and records what the
-matching proposition says about it: causality, input dependence, and the bound on the
-interaction rank ({prf:ref}`def-operator-span`). The chapter's notebook and the claims tests
-measure the same instances against these predictions.
+matching proposition says about it: causality, input dependence, and the interaction rank
+({prf:ref}`def-operator-span`) — exactly where the proposition gives it (for the zoo's random
+parameters, whose conditions hold), as an upper bound otherwise. The chapter's notebook and
+the tests measure the same instances against these statements, computed again, independently
+of lib, in tests/reference_operators.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._validation import check_int
@@ -36,8 +39,12 @@ class Architecture:
         model: the instance (a SequenceMap with the zoo's d and p).
         causal: whether the proposition's operator is causal.
         input_dependent: whether the proposition's operator depends on X.
-        rank_bound: the proposition's upper bound on the interaction rank of this instance.
-        rank_exact: True when the proposition gives the rank exactly (the LTI SSM: = k).
+        rank_bound: the interaction rank the proposition gives for this instance over random
+            inputs of length n (>= 2): its exact value if rank_exact, else an upper bound.
+        rank_exact: True when the proposition gives the rank of this instance exactly. False
+            for the ReLU layer and linear attention, whose exact ranks are formulas in the
+            inputs (the activation patterns, resp. the weights α_ij, that they realise), and for
+            the Elman RNN and the KAN layer, for which the chapter proves bounds only.
     """
 
     name: str
@@ -72,39 +79,43 @@ def architecture_zoo(d: int = 4, p: int = 4, n: int = 12, heads: int = 2, state:
         raise ValueError(f"heads must divide d = {d} (SSD splits channels into heads); got {heads}")
     seed = int(seed)
     full = p * d
+    ffn = FeedForward.random(d, p, seed=seed + 1)
+    conv = CausalConv1d.random(d, p, r=kernel, seed=seed + 2)
+    rnn = ElmanRNN.random(state, d, p, spectral_radius=0.9, seed=seed + 3)
     ssm = LinearSSM.random(state, d, p, spectral_radius=0.8, seed=seed + 4)
-    # prop-lti-ssm: the interaction rank is exactly k = dim span{L_0..L_{n-1}}.
+    # prop-conv: exactly dim span{K_ℓ : ℓ < min(r, n)}; prop-lti-ssm: exactly k = dim span{L_0..L_{n-1}}.
+    taps = operator_span(torch.as_tensor(conv.kernel[:min(kernel, n)])).dim
     k = operator_span(torch.as_tensor(ssm.lags(n))).dim
+    # prop-rnn: at most rank C · rank U.
+    rnn_bound = int(np.linalg.matrix_rank(rnn.C)) * int(np.linalg.matrix_rank(rnn.U))
     # Larger steps than Mamba's default make the selective decays visible on a short sequence.
     steps = (0.1, 1.0)
     return [
         Architecture("dense layer", "prop-dense", Dense.random(d, p, seed=seed),
-                     causal=True, input_dependent=False, rank_bound=1),
-        Architecture("ReLU feed-forward", "prop-ffn", FeedForward.random(d, p, seed=seed + 1),
-                     causal=True, input_dependent=True, rank_bound=full),
-        Architecture(f"causal convolution (r = {kernel})", "prop-conv",
-                     CausalConv1d.random(d, p, r=kernel, seed=seed + 2),
-                     causal=True, input_dependent=False, rank_bound=min(kernel, full)),
-        Architecture("Elman RNN (tanh)", "prop-rnn",
-                     ElmanRNN.random(state, d, p, spectral_radius=0.9, seed=seed + 3),
-                     causal=True, input_dependent=True, rank_bound=full),
+                     causal=True, input_dependent=False, rank_bound=1, rank_exact=True),
+        Architecture("ReLU feed-forward", "prop-ffn", ffn,
+                     causal=True, input_dependent=True, rank_bound=min(ffn.m, full)),
+        Architecture(f"causal convolution (r = {kernel})", "prop-conv", conv,
+                     causal=True, input_dependent=False, rank_bound=taps, rank_exact=True),
+        Architecture("Elman RNN (tanh)", "prop-rnn", rnn,
+                     causal=True, input_dependent=True, rank_bound=rnn_bound),
         Architecture(f"LTI SSM (N = {state})", "prop-lti-ssm", ssm,
                      causal=True, input_dependent=False, rank_bound=k, rank_exact=True),
         Architecture("selective SSM (Mamba)", "prop-selective-ssm",
                      SelectiveSSM.random(d, N=state, step_range=steps, seed=seed + 5),
-                     causal=True, input_dependent=True, rank_bound=d),
+                     causal=True, input_dependent=True, rank_bound=d, rank_exact=True),
         Architecture("SSD (1 head)", "prop-ssd",
                      SSD.random(d, p, N=state, heads=1, step_range=steps, seed=seed + 6),
-                     causal=True, input_dependent=True, rank_bound=1),
+                     causal=True, input_dependent=True, rank_bound=1, rank_exact=True),
         Architecture(f"SSD ({heads} heads)", "prop-ssd",
                      SSD.random(d, p, N=state, heads=heads, step_range=steps, seed=seed + 7),
-                     causal=True, input_dependent=True, rank_bound=heads),
+                     causal=True, input_dependent=True, rank_bound=heads, rank_exact=True),
         Architecture("softmax attention (1 head)", "prop-softmax-attention",
                      SoftmaxAttention.random(d, p, heads=1, seed=seed + 8),
-                     causal=True, input_dependent=True, rank_bound=1),
+                     causal=True, input_dependent=True, rank_bound=1, rank_exact=True),
         Architecture(f"softmax attention ({heads} heads, non-causal)", "prop-softmax-attention",
                      SoftmaxAttention.random(d, p, heads=heads, causal=False, seed=seed + 9),
-                     causal=False, input_dependent=True, rank_bound=heads),
+                     causal=False, input_dependent=True, rank_bound=heads, rank_exact=True),
         Architecture(f"linear attention ({heads} heads)", "prop-linear-attention",
                      LinearAttention.random(d, p, heads=heads, seed=seed + 10),
                      causal=True, input_dependent=True, rank_bound=heads),

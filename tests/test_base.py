@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lib
+import reference_operators as ref
 from lib import apply_operator, relative_error
 
 # name -> builder(d, p, seed, dtype) of a model with input width d (and output width p where the model has one).
@@ -52,7 +53,8 @@ def inputs(rng, shape):
 @given(n=st.integers(1, 8), d=st.integers(1, 4), p=st.integers(1, 4), b=st.integers(1, 3),
        seed=st.integers(0, 2**16))
 def test_def_interaction_operator_identity_holds_for_every_model(name, n, d, p, b, seed):
-    """model(X) == apply_operator(model.operator(X), X), batched and unbatched."""
+    """model(X) == apply_operator(model.operator(X), X), batched and unbatched; and both equal
+    the chapter's formulas transcribed in numpy (tests/reference_operators.py)."""
     model = build(name, d, p, seed)
     rng = np.random.default_rng(seed + 1)
     X = inputs(rng, (b, n, d))
@@ -60,6 +62,9 @@ def test_def_interaction_operator_identity_holds_for_every_model(name, n, d, p, 
     W = model.operator(X)
     assert Y.shape == (b, n, model.p) and W.shape == (b, n, n, model.p, d)
     assert relative_error(apply_operator(W, X), Y) <= 1e-10
+    if name != "RelativeHeads":  # the others against the numpy transcription of their formulas
+        assert relative_error(Y, ref.forward(model, X)) <= 1e-10
+        assert relative_error(W, ref.operator(model, X)) <= 1e-10
     # Batching is only bookkeeping: each sequence alone gives the same result.
     for k in range(b):
         assert relative_error(model(X[k]), Y[k]) <= 1e-12

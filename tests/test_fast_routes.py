@@ -1,17 +1,21 @@
-"""Each fast route that `make bench` times equals its baseline, on small sizes and edge cases.
+"""Each fast route that `make bench` times is right, on small sizes and edge cases.
 
-Correctness only, never speed (speed is benchmarks/, as same-process ratios). The
-baselines are the ones the benchmarks time:
+Correctness only, never speed (speed is benchmarks/, as same-process ratios). Every route is
+compared with an independent computation in plain numpy (tests/reference_operators.py, which
+imports nothing from lib), never with another route of lib:
 
-- `min_heads` / `optimal_head_errors` (from the lags) vs the dense route: materialise the
-  operator `ssm.operator(X)` (n, n, p, d), stack its blocks with j ≤ i, take the SVD;
-- `jacobian_norms` (p reverse passes) vs `torch.autograd.functional.jacobian` of the whole map;
-- forward routes vs the sequential loop `method="recurrence"`: LinearSSM "fft", "scan",
-  "auto"; SelectiveSSM and SSD "scan", "auto".
+- `min_heads` / `optimal_head_errors` (from the lags) vs the dense route of the benchmark,
+  built in numpy: the operator C A^{i−j} B (n, n, p, d) from A, B, C, its blocks with j ≤ i
+  stacked, their SVD;
+- `jacobian_norms` (p reverse passes) vs `torch.autograd.functional.jacobian` of the whole map
+  (and, for the LTI SSM, vs the numpy lags ‖C A^ℓ B‖);
+- forward routes (LinearSSM "recurrence", "fft", "scan", "auto"; SelectiveSSM and SSD
+  "recurrence", "scan", "auto") vs the numpy reference: a convolution with numpy lags for the
+  LTI SSM, the chapter's recurrences transcribed with loops for the selective SSM and SSD;
+  their gradients vs central differences of the numpy reference.
 
-tests/test_ssm.py, test_heads.py and test_gradients.py check each route against
-independent formulas; this file fills the gaps: n = 1, N = 1, p ≠ d, batches, lengths on
-the chunk and route boundaries, numpy/torch in and out, and which route "auto" takes.
+Edge cases: n = 1, N = 1, p ≠ d, batches, lengths on the chunk and route boundaries,
+numpy/torch in and out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+import reference_operators as ref
 from lib import SSD, LinearSSM, SelectiveSSM, SoftmaxAttention
 from lib.gradients import jacobian_norms
 from lib.heads import min_heads, optimal_head_errors
@@ -28,8 +33,8 @@ from lib.heads import min_heads, optimal_head_errors
 
 
 def dense_singular_values(ssm: LinearSSM, n: int) -> np.ndarray:
-    """Singular values of the stacked operator blocks 𝒲_ij, j ≤ i (the benchmark's baseline)."""
-    W = ssm.operator(np.zeros((n, ssm.d)))
+    """Singular values of the stacked operator blocks 𝒲_ij = C A^{i−j} B, j ≤ i (numpy, from A, B, C)."""
+    W = ref.lti_operator(ssm.A, ssm.B, ssm.C, n)
     rows, cols = np.tril_indices(n)
     return np.linalg.svd(W[rows, cols].reshape(len(rows), ssm.p * ssm.d), compute_uv=False)
 
@@ -112,7 +117,7 @@ def test_jacobian_norms_on_both_forward_routes_of_an_lti_ssm():
     # n = 300 > 256: the scan route under "auto"; both routes give C A^{i-j} B.
     model = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0)
     X = np.random.default_rng(0).standard_normal((300, 2))
-    lags = np.linalg.norm(model.lags(300), axis=(1, 2))
+    lags = np.linalg.norm(ref.lti_lags(model.A, model.B, model.C, 300), axis=(1, 2))
     np.testing.assert_allclose(jacobian_norms(model, X, 299)[::-1], lags, rtol=1e-10)
     np.testing.assert_allclose(jacobian_norms(model, X[:200], 199)[::-1], lags[:200], rtol=1e-10)
 
@@ -127,26 +132,17 @@ LTI_CASES = [(1, 1, 1, 1, 1), (1, 3, 2, 1, 4), (2, 1, 3, 2, 1), (1, 2, 1, 63, 2)
 
 
 @pytest.mark.parametrize("N,d,p,n,b", LTI_CASES)
-def test_lti_fast_routes_equal_the_loop(N, d, p, n, b):
+def test_lti_routes_equal_the_numpy_convolution_by_lags(N, d, p, n, b):
     model = LinearSSM.random(N, d, p, spectral_radius=0.95, seed=n)
     X = np.random.default_rng(N * n).standard_normal((b, n, d))
-    loop = model(X, method="recurrence")
-    assert loop.shape == (b, n, p)
-    for method in ("fft", "scan", "auto"):
+    expected = np.stack([ref.lti_convolution(model.A, model.B, model.C, x) for x in X])
+    for method in ("recurrence", "fft", "scan", "auto"):
         Y = model(X, method=method)
         assert isinstance(Y, np.ndarray) and Y.shape == (b, n, p)
-        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
+        np.testing.assert_allclose(Y, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
         one = model(torch.tensor(X[-1]), method=method)  # torch in, torch out, unbatched
         assert isinstance(one, torch.Tensor) and one.shape == (n, p)
-        np.testing.assert_allclose(one.numpy(), loop[-1], rtol=1e-10, atol=1e-12 * np.abs(loop).max())
-
-
-@pytest.mark.parametrize("n", [1, 256, 257, 1000])
-def test_lti_auto_takes_the_loop_up_to_256_then_the_scan(n):
-    model = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0)
-    X = torch.tensor(np.random.default_rng(n).standard_normal((2, n, 2)))
-    expected = "recurrence" if n <= 256 else "scan"
-    assert torch.equal(model(X), model(X, method=expected))
+        np.testing.assert_allclose(one.numpy(), expected[-1], rtol=1e-10, atol=1e-12 * np.abs(expected).max())
 
 
 def test_lti_auto_keeps_tiny_outputs_to_relative_accuracy_unlike_the_fft():
@@ -157,7 +153,7 @@ def test_lti_auto_keeps_tiny_outputs_to_relative_accuracy_unlike_the_fft():
     for n in (100, 300):  # the loop, then the scan under "auto"
         X = np.zeros((n, 2))
         X[0, 0] = 1.0  # y_i = L_i e_0
-        L = model.lags(n)[:, :, 0]
+        L = ref.lti_lags(model.A, model.B, model.C, n)[:, :, 0]
         assert np.abs(L[-1]).max() < 1e-25
         for method in ("recurrence", "scan", "auto"):
             np.testing.assert_allclose(model(X, method=method), L, rtol=1e-10, atol=0)
@@ -168,53 +164,62 @@ def test_lti_auto_keeps_tiny_outputs_to_relative_accuracy_unlike_the_fft():
 @pytest.mark.parametrize("N,d,n,b", [(1, 1, 1, 1), (1, 2, 1, 3), (2, 1, 2, 2), (3, 2, 3, 1), (1, 3, 4, 2),
                                      (4, 2, 16, 1), (2, 2, 17, 2), (3, 1, 63, 1), (2, 3, 65, 2),
                                      (1, 1, 400, 1)])
-def test_selective_scan_equals_the_loop(N, d, n, b):
+def test_selective_routes_equal_the_numpy_recurrence(N, d, n, b):
     # n = T² and T² + 1 cross the two-level scan's chunking (T = ceil(√n)).
     model = SelectiveSSM.random(d, N, step_range=(0.05, 2.0), seed=n)
     X = np.random.default_rng(n).standard_normal((b, n, d))
-    loop = model(X, method="recurrence")
-    assert loop.shape == (b, n, d)
-    for method in ("scan", "auto"):
+    expected = ref.forward(model, X)
+    for method in ("recurrence", "scan", "auto"):
         Y = model(X, method=method)
         assert Y.shape == (b, n, d)
-        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
-    np.testing.assert_array_equal(model(X), model(X, method="scan"))  # "auto" is the scan
+        np.testing.assert_allclose(Y, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("N,H,dh,p,n,b", [(1, 1, 1, 1, 1, 1), (1, 2, 1, 3, 1, 2), (2, 1, 2, 1, 5, 3),
                                           (3, 2, 2, 5, 16, 1), (1, 3, 1, 2, 17, 2), (2, 1, 1, 2, 65, 1),
                                           (2, 2, 1, 1, 300, 2)])
-def test_ssd_scan_equals_the_loop(N, H, dh, p, n, b):
+def test_ssd_routes_equal_the_numpy_recurrence(N, H, dh, p, n, b):
     d = H * dh
     model = SSD.random(d, p, N=N, heads=H, step_range=(0.05, 2.0), seed=n)
     X = np.random.default_rng(n).standard_normal((b, n, d))
-    loop = model(X, method="recurrence")
-    assert loop.shape == (b, n, p)
-    for method in ("scan", "auto"):
+    expected = ref.forward(model, X)
+    for method in ("recurrence", "scan", "auto"):
         Y = model(X, method=method)
         assert Y.shape == (b, n, p)
-        np.testing.assert_allclose(Y, loop, rtol=1e-10, atol=1e-12 * np.abs(loop).max())
-    np.testing.assert_array_equal(model(X), model(X, method="scan"))
+        np.testing.assert_allclose(Y, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
+
+
+def central_difference_gradient(f, X, h=1e-5):
+    """∂ f(X) / ∂X by central differences (f scalar-valued, numpy)."""
+    grad = np.zeros_like(X)
+    for index in np.ndindex(X.shape):
+        step = np.zeros_like(X)
+        step[index] = h
+        grad[index] = (f(X + step) - f(X - step)) / (2 * h)
+    return grad
 
 
 @pytest.mark.parametrize("make", [lambda: SelectiveSSM.random(2, 3, step_range=(0.1, 1.0), seed=0),
                                   lambda: SSD.random(4, 3, N=2, heads=2, step_range=(0.1, 1.0), seed=0)],
                          ids=["SelectiveSSM", "SSD"])
-def test_selective_routes_have_equal_gradients_batched(make):
+@pytest.mark.parametrize("method", ["recurrence", "scan", "auto"])
+def test_selective_routes_have_the_gradients_of_the_numpy_reference_batched(make, method):
     model = make()
-    X = torch.tensor(np.random.default_rng(0).standard_normal((2, 37, model.d)), requires_grad=True)
-    (g_scan,) = torch.autograd.grad(model(X, method="scan")[:, 20].sum(), X)
-    (g_loop,) = torch.autograd.grad(model(X, method="recurrence")[:, 20].sum(), X)
-    np.testing.assert_allclose(g_scan.numpy(), g_loop.numpy(), rtol=1e-10, atol=1e-14)
-    assert np.all(g_scan.numpy()[:, 21:] == 0)
+    X = np.random.default_rng(0).standard_normal((2, 13, model.d))
+    Xt = torch.tensor(X, requires_grad=True)
+    (g,) = torch.autograd.grad(model(Xt, method=method)[:, 8].sum(), Xt)
+    expected = central_difference_gradient(lambda Z: ref.forward(model, Z)[:, 8].sum(), X)
+    np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6, atol=1e-9)
+    assert np.all(g.numpy()[:, 9:] == 0)
 
 
-def test_routes_agree_in_float32():
+def test_routes_in_float32_match_the_numpy_reference():
     X = np.random.default_rng(0).standard_normal((2, 300, 2))
     lti = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0, dtype=torch.float32)
     sel = SelectiveSSM.random(2, 3, seed=0, dtype=torch.float32)
-    for model, methods in ((lti, ("fft", "scan", "auto")), (sel, ("scan", "auto"))):
-        loop = model(X, method="recurrence")
-        assert loop.dtype == np.float32
+    for model, methods in ((lti, ("recurrence", "fft", "scan", "auto")), (sel, ("recurrence", "scan", "auto"))):
+        expected = ref.forward(model, X)  # float64, from the float32 parameters
         for method in methods:
-            np.testing.assert_allclose(model(X, method=method), loop, rtol=1e-4, atol=1e-5)
+            Y = model(X, method=method)
+            assert Y.dtype == np.float32
+            np.testing.assert_allclose(Y, expected, rtol=1e-4, atol=1e-5)

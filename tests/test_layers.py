@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference_operators as ref
 from lib import CausalConv1d, Dense, FeedForward, KANLayer, interaction_rank
 
 FAST = settings(max_examples=15, deadline=None)
@@ -70,25 +71,9 @@ def test_prop_conv_operator_is_toeplitz_with_support_below_r(n, r, d, p, seed):
     np.testing.assert_array_equal(model.operator(rng.standard_normal((n, d))), W)  # input-independent
 
 
-def cardinal_cubic(x):
-    """The cubic B-spline with knots 0, 1, 2, 3, 4 (closed form)."""
-    x = np.asarray(x, dtype=float)
-    return np.select(
-        [(0 <= x) & (x < 1), (1 <= x) & (x < 2), (2 <= x) & (x < 3), (3 <= x) & (x < 4)],
-        [x**3 / 6, (-3 * x**3 + 12 * x**2 - 12 * x + 4) / 6, (3 * x**3 - 24 * x**2 + 60 * x - 44) / 6, (4 - x) ** 3 / 6],
-        0.0,
-    )
-
-
 def kan_edge(model, u):
-    """φ_{q,r}(u) from the closed-form splines: shape (len(u), p, d)."""
-    lo, hi = model.grid_range
-    h = (hi - lo) / model.grid_size
-    M = model.grid_size + 3
-    basis = lambda v: np.stack([cardinal_cubic((v - (lo + (m - 3) * h)) / h) for m in range(M)], -1)
-    silu = u / (1 + np.exp(-u))
-    return (model.silu_weights * silu[:, None, None]
-            + np.einsum("qrm,km->kqr", model.spline_coefficients, basis(u) - basis(np.zeros(1))))
+    """φ_{q,r}(u) from the closed-form cardinal splines of the reference: shape (len(u), p, d)."""
+    return ref.kan_edge(model.silu_weights, model.spline_coefficients, model.grid_range, u)
 
 
 def test_prop_kan_edge_functions_match_closed_form_splines_and_vanish_at_zero():
@@ -133,8 +118,72 @@ def test_prop_kan_operator_is_input_dependent():
                            model.operator(rng.standard_normal((1, 2)))[0, 0])
 
 
-@pytest.mark.parametrize("model", [Dense.random(2, 2), CausalConv1d.random(2, 2, r=4)], ids=["dense", "conv"])
-def test_position_wise_and_conv_interaction_ranks(model):
+# -- against the plain-numpy references, on adversarial inputs, and the exact ranks --------------
+
+
+def assert_matches_reference(model, n=7, seed=0):
+    """lib's operator and forward pass against the page's formulas on every input family."""
+    families = ref.input_families(n, model.d, np.random.default_rng(seed))
+    ratio, errors = ref.worst_ratio(model, families)
+    assert ratio <= 1, errors
+
+
+@pytest.mark.parametrize("d,p", [(1, 1), (3, 2), (2, 4)])
+def test_prop_dense_matches_the_reference_on_adversarial_inputs(d, p):
+    assert_matches_reference(Dense.random(d, p, seed=d + p))
+
+
+def test_prop_dense_interaction_rank_is_exactly_one_and_zero_for_W_zero():
     X = np.random.default_rng(0).standard_normal((3, 8, 2))
-    # Dense: one operator W; conv: span of its r taps (generic, r = 4 = pd).
-    assert interaction_rank(model, X) == (1 if isinstance(model, Dense) else 4)
+    assert interaction_rank(Dense.random(2, 3, seed=0), X) == 1
+    assert interaction_rank(Dense.random(2, 3, seed=0), X[:1, :1]) == 1  # one token suffices
+    assert interaction_rank(Dense(np.zeros((3, 2))), X) == 0
+
+
+@pytest.mark.parametrize("d,p,m", [(1, 1, 1), (3, 2, 6), (2, 4, 16)])
+def test_prop_ffn_matches_the_reference_on_adversarial_inputs(d, p, m):
+    assert_matches_reference(FeedForward.random(d, p, m=m, seed=m))
+
+
+@pytest.mark.parametrize("d,p,m", [(3, 3, 6), (2, 2, 16), (4, 2, 3)])
+def test_prop_ffn_interaction_rank_is_the_rank_of_realised_patterns_times_rank_one_maps(d, p, m):
+    model = FeedForward.random(d, p, m=m, seed=d * m)
+    X = np.random.default_rng(m).standard_normal((8, 25, d))
+    rank = interaction_rank(model, X)
+    assert rank == ref.ffn_rank(model.W1, model.W2, X.reshape(-1, d)) <= min(m, p * d)
+
+
+def test_prop_ffn_interaction_rank_counts_only_the_patterns_the_inputs_realise():
+    # By hand: positive multiples of one token share one pattern (rank 1); adding −x gives the
+    # complementary pattern (rank 2); the zero token adds the zero block (no new dimension).
+    model = FeedForward.random(3, 3, m=6, seed=1)
+    x = np.random.default_rng(2).standard_normal(3)
+    one = np.array([[t * x for t in (0.5, 1.0, 3.0)]])
+    assert interaction_rank(model, one) == 1
+    both = np.array([[x, -x, 2 * x, np.zeros(3)]])
+    assert interaction_rank(model, both) == 2
+    assert ref.ffn_rank(model.W1, model.W2, both[0]) == 2
+
+
+@pytest.mark.parametrize("r,d,p", [(1, 1, 1), (3, 2, 2), (5, 3, 1)])
+def test_prop_conv_matches_the_reference_on_adversarial_inputs_including_n_below_r(r, d, p):
+    assert_matches_reference(CausalConv1d.random(d, p, r=r, seed=r), n=7)  # families with n = 1, 2 < r
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_prop_conv_interaction_rank_is_dim_span_of_the_taps_that_occur(n):
+    rng = np.random.default_rng(n)
+    K = rng.standard_normal((5, 2, 2))  # r = 5 > pd = 4
+    planted = K.copy()
+    planted[3] = planted[0] + 2 * planted[1]  # a dependent tap: rank 3 once n >= 4 (r = 4 used)
+    X = rng.standard_normal((2, n, 2))
+    generic = CausalConv1d(K)
+    assert interaction_rank(generic, X) == ref.numerical_rank(K[:min(5, n)]) == min(5, n, 4)
+    dependent = CausalConv1d(planted[:4])
+    assert interaction_rank(dependent, X) == ref.numerical_rank(planted[:min(4, n)]) == min(n, 3)
+
+
+@pytest.mark.parametrize("d,p,grid", [(1, 1, 1), (3, 2, 5), (2, 3, 4)])
+def test_prop_kan_matches_the_reference_on_adversarial_inputs(d, p, grid):
+    model = KANLayer.random(d, p, grid_size=grid, grid_range=(-2, 1), seed=grid)
+    assert_matches_reference(model)

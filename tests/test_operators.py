@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib import LinearSSM, apply_operator, identity_error, is_causal, operator_norms, relative_error, toeplitz_operator
+from lib import apply_operator, identity_error, is_causal, operator_norms, relative_error, toeplitz_operator
 
 
 def loop_apply(W, X):
@@ -90,5 +90,27 @@ def test_relative_and_identity_errors():
     assert relative_error(np.array([1.0, 1.0]), np.array([1.0, 0.0])) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="actual must have the shape of expected"):
         relative_error(np.zeros(2), np.zeros(3))
-    model = LinearSSM.random(3, 2, 2)
-    assert identity_error(model, np.random.default_rng(0).standard_normal((6, 2))) < 1e-14
+
+
+
+class PlantedMap:
+    """A stand-in model whose forward pass is its operator applied to X plus a planted error E."""
+
+    def __init__(self, W, E):
+        self.W, self.E = W, E
+
+    def operator(self, X):
+        return self.W
+
+    def __call__(self, X):
+        return np.einsum("ijpd,jd->ip", self.W, X) + self.E
+
+
+def test_identity_error_measures_a_planted_discrepancy():
+    # identity_error(model, X) = ‖W(X)X − model(X)‖ / ‖model(X)‖, from a known operator and a known error.
+    rng = np.random.default_rng(0)
+    W, X, E = rng.standard_normal((4, 4, 2, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    Y = loop_apply(W, X) + 1e-3 * E
+    expected = np.linalg.norm(1e-3 * E) / np.linalg.norm(Y)
+    assert identity_error(PlantedMap(W, 1e-3 * E), X) == pytest.approx(expected, rel=1e-12)
+    assert identity_error(PlantedMap(W, 0 * E), X) < 1e-15  # torch einsum vs numpy einsum: rounding only

@@ -1,11 +1,13 @@
 """The Elman RNN against an independent numpy unrolling (lib.recurrent)."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib import ElmanRNN
+import reference_operators as ref
+from lib import ElmanRNN, interaction_rank
 from lib.recurrent import _tanh_secant
 
 
@@ -62,3 +64,30 @@ def test_tanh_secant_is_stable_near_zero():
     np.testing.assert_allclose(values.detach().numpy(), expected, rtol=1e-14)
     values.sum().backward()
     assert torch.isfinite(z.grad).all()
+
+
+# -- against the plain-numpy reference, on adversarial inputs, and the rank bound ------------
+
+
+@pytest.mark.parametrize("N,d,p,radius", [(1, 1, 1, 0.9), (3, 2, 4, 1.2), (4, 3, 2, 3.0)])
+def test_prop_rnn_matches_the_reference_on_adversarial_inputs(N, d, p, radius):
+    model = ElmanRNN.random(N, d, p, spectral_radius=radius, seed=N + d)
+    families = ref.input_families(7, d, np.random.default_rng(p))
+    ratio, errors = ref.worst_ratio(model, families)
+    assert ratio <= 1, errors
+
+
+@pytest.mark.parametrize("N,d,p,rank_C", [(2, 3, 3, 2), (3, 3, 3, 1), (2, 4, 1, 1)])
+def test_prop_rnn_interaction_rank_is_at_most_rank_C_times_rank_U(N, d, p, rank_C):
+    # N < min(d, p) or a rank-deficient readout make the bound rank C · rank U smaller than pd.
+    rng = np.random.default_rng(N * d + rank_C)
+    C = rng.standard_normal((p, rank_C)) @ rng.standard_normal((rank_C, N))
+    model = ElmanRNN(rng.standard_normal((N, N)), rng.standard_normal((N, d)), C)
+    X = rng.standard_normal((6, 8, d)) * 2
+    bound = np.linalg.matrix_rank(model.C) * np.linalg.matrix_rank(model.U)
+    assert bound < p * d
+    assert interaction_rank(model, X) <= bound
+    # Every block lies in {C M U}: projecting onto col(C) on the left and row(U) on the right keeps it.
+    W = np.asarray(model.operator(X[0]))
+    P_C, P_U = model.C @ np.linalg.pinv(model.C), np.linalg.pinv(model.U) @ model.U
+    np.testing.assert_allclose(np.einsum("ab,ijbc,cd->ijad", P_C, W, P_U), W, atol=1e-12)

@@ -1,0 +1,882 @@
+"""Plain-numpy references for the formulas of the framework chapter (chapters/framework/index.md).
+
+Independent of `lib` by construction: this module imports numpy only and never calls lib's
+code. Each function transcribes one formula of the chapter literally — explicit loops,
+explicit matrix products, closed-form B-splines — so that a bug in lib cannot sit on both
+sides of a comparison. The tests (tests/test_*.py) and the chapter's notebook
+(chapters/framework/operators.ipynb, which imports this file) compare lib against it.
+
+Conventions are the book's (see the chapter): X has shape (n, d) with X[j] = x_{j+1};
+an operator W has shape (n, n, p, d) with W[i, j] = 𝒲_{i+1, j+1}; outputs have shape (n, p).
+Functions taking a lib model read its parameters only through the public numpy properties
+(W, W1, W2, kernel, A, B, C, U, A_log, W_delta, b_delta, W_B, W_C, W_O, W_Q, W_K, W_V,
+silu_weights, spline_coefficients, grid_range, causal, position_bias).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RANK_RTOL = 1e-10  # the chapter's rank rule: singular values above 1e-10 times the largest
+
+
+# -- scalar functions --------------------------------------------------------------------------
+
+
+def softplus(z):
+    """log(1 + e^z), computed without overflow."""
+    return np.logaddexp(0.0, z)
+
+
+def sigmoid(z):
+    """1 / (1 + e^{-z}) without overflow for large |z|."""
+    z = np.asarray(z, dtype=float)
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def silu(u):
+    """u · sigmoid(u)."""
+    return u * sigmoid(u)
+
+
+def elu_plus_one(u):
+    """elu(u) + 1: u + 1 for u > 0, e^u otherwise (Katharopoulos et al. 2020)."""
+    u = np.asarray(u, dtype=float)
+    return np.where(u > 0, u + 1, np.exp(np.minimum(u, 0)))
+
+
+def tanh_secant(z):
+    """σ(z) = tanh(z)/z with σ(0) = 1 (prop-rnn)."""
+    z = np.asarray(z, dtype=float)
+    safe = np.where(z == 0, 1.0, z)
+    return np.where(z == 0, 1.0, np.tanh(safe) / safe)
+
+
+def cardinal_cubic(x):
+    """The cubic B-spline with knots 0, 1, 2, 3, 4, piece by piece (closed form)."""
+    x = np.asarray(x, dtype=float)
+    return np.select(
+        [(0 <= x) & (x < 1), (1 <= x) & (x < 2), (2 <= x) & (x < 3), (3 <= x) & (x < 4)],
+        [x**3 / 6, (-3 * x**3 + 12 * x**2 - 12 * x + 4) / 6,
+         (3 * x**3 - 24 * x**2 + 60 * x - 44) / 6, (4 - x) ** 3 / 6],
+        0.0,
+    )
+
+
+def cardinal_cubic_slope(x):
+    """Derivative of `cardinal_cubic`, piece by piece."""
+    x = np.asarray(x, dtype=float)
+    return np.select(
+        [(0 <= x) & (x < 1), (1 <= x) & (x < 2), (2 <= x) & (x < 3), (3 <= x) & (x < 4)],
+        [x**2 / 2, (-9 * x**2 + 24 * x - 12) / 6, (9 * x**2 - 48 * x + 60) / 6, -((4 - x) ** 2) / 2],
+        0.0,
+    )
+
+
+# -- generic helpers ---------------------------------------------------------------------------
+
+
+def apply(W, X):
+    """y_i = Σ_j W_ij x_j by an explicit loop (def-interaction-operator). W (n, n, p, d), X (n, d)."""
+    n, _, p, _ = W.shape
+    Y = np.zeros((n, p))
+    for i in range(n):
+        for j in range(n):
+            Y[i] += W[i, j] @ X[j]
+    return Y
+
+
+def numerical_rank(blocks, rtol=RANK_RTOL):
+    """Number of singular values of the stacked vec(blocks) above rtol · largest (0 if all vanish).
+
+    blocks: shape (m, p, d) (or (m, k) already vectorised).
+    """
+    M = np.asarray(blocks, dtype=float).reshape(len(blocks), -1)
+    if M.size == 0:
+        return 0
+    sigma = np.linalg.svd(M, compute_uv=False)
+    return int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+
+
+def itemwise_error(actual, reference, item_ndim, floor=1e-12):
+    """The largest relative error over items (blocks, tokens), each relative to its own norm.
+
+    Items are the trailing `item_ndim` axes (2 for operator blocks, 1 for output tokens).
+    An item whose reference norm is below `floor` times the largest item's is compared
+    absolutely at that level, so structural zeros must come out (almost) exactly zero.
+    Returns max_k ‖actual_k − reference_k‖ / max(‖reference_k‖, floor · max_k ‖reference_k‖).
+    """
+    actual, reference = np.asarray(actual, dtype=float), np.asarray(reference, dtype=float)
+    if actual.shape != reference.shape:
+        raise ValueError(f"actual has shape {actual.shape}, reference {reference.shape}")
+    size = int(np.prod(reference.shape[reference.ndim - item_ndim:]))
+    diff = np.linalg.norm((actual - reference).reshape(-1, size), axis=1)
+    norms = np.linalg.norm(reference.reshape(-1, size), axis=1)
+    scale = norms.max() if norms.size else 0.0
+    if scale == 0:
+        return float(diff.max()) if diff.size else 0.0
+    return float((diff / np.maximum(norms, floor * scale)).max())
+
+
+# -- the architectures, one by one (forward pass as usually computed; operator as the page gives it)
+
+
+def dense_forward(W, X):
+    """prop-dense: y_i = W x_i."""
+    return np.array([W @ x for x in X])
+
+
+def dense_operator(W, X):
+    """prop-dense: 𝒲_ij = δ_ij W."""
+    n, (p, d) = len(X), W.shape
+    out = np.zeros((n, n, p, d))
+    for i in range(n):
+        out[i, i] = W
+    return out
+
+
+def ffn_forward(W1, W2, X):
+    """prop-ffn: y_i = W2 relu(W1 x_i)."""
+    return np.array([W2 @ np.maximum(W1 @ x, 0.0) for x in X])
+
+
+def ffn_pattern(W1, x):
+    """1[W1 x > 0], the activation pattern of one token, shape (m,)."""
+    return (W1 @ x > 0).astype(float)
+
+
+def ffn_operator(W1, W2, X):
+    """prop-ffn: 𝒲_ii = W2 D(x_i) W1 with D(x) = diag(1[W1 x > 0]); 0 off the diagonal."""
+    n, p, d = len(X), W2.shape[0], W1.shape[1]
+    out = np.zeros((n, n, p, d))
+    for i in range(n):
+        out[i, i] = W2 @ np.diag(ffn_pattern(W1, X[i])) @ W1
+    return out
+
+
+def conv_forward(K, X):
+    """prop-conv: y_i = Σ_{ℓ=0}^{r−1} K_ℓ x_{i−ℓ}, tokens before position 1 taken as zero."""
+    r, p, _ = K.shape
+    Y = np.zeros((len(X), p))
+    for i in range(len(X)):
+        for ell in range(r):
+            if i - ell >= 0:
+                Y[i] += K[ell] @ X[i - ell]
+    return Y
+
+
+def conv_operator(K, n):
+    """prop-conv: 𝒲_ij = K_{i−j} for 0 ≤ i − j < r, else 0."""
+    r, p, d = K.shape
+    out = np.zeros((n, n, p, d))
+    for i in range(n):
+        for j in range(n):
+            if 0 <= i - j < r:
+                out[i, j] = K[i - j]
+    return out
+
+
+def rnn_pre_activations(W, U, X):
+    """z_i = W s_{i−1} + U x_i with s_i = tanh(z_i), s_0 = 0; shape (n, N)."""
+    s, Z = np.zeros(W.shape[0]), []
+    for x in X:
+        z = W @ s + U @ x
+        Z.append(z)
+        s = np.tanh(z)
+    return np.array(Z)
+
+
+def rnn_forward(W, U, C, X):
+    """prop-rnn: y_i = C tanh(z_i)."""
+    return np.tanh(rnn_pre_activations(W, U, X)) @ C.T
+
+
+def rnn_operator(W, U, C, X):
+    """prop-rnn: 𝒲_ij = C D_i W D_{i−1} W ⋯ D_{j+1} W D_j U (j ≤ i), D_i = diag(tanh(z_i)/z_i)."""
+    D = [np.diag(tanh_secant(z)) for z in rnn_pre_activations(W, U, X)]
+    n, p, d = len(X), C.shape[0], U.shape[1]
+    out = np.zeros((n, n, p, d))
+    for i in range(n):
+        for j in range(i + 1):
+            M = C @ D[i]
+            for t in range(i - 1, j - 1, -1):
+                M = M @ W @ D[t]
+            out[i, j] = M @ U
+    return out
+
+
+def lti_lags(A, B, C, n):
+    """def-lti-ssm: L_ℓ = C A^ℓ B for ℓ = 0..n−1, by repeated multiplication; shape (n, p, d)."""
+    power, lags = np.eye(A.shape[0]), []
+    for _ in range(n):
+        lags.append(C @ power @ B)
+        power = A @ power
+    return np.array(lags)
+
+
+def lti_forward(A, B, C, X):
+    """def-lti-ssm: s_i = A s_{i−1} + B x_i, y_i = C s_i, s_0 = 0."""
+    s, Y = np.zeros(A.shape[0]), []
+    for x in X:
+        s = A @ s + B @ x
+        Y.append(C @ s)
+    return np.array(Y)
+
+
+def lti_convolution(A, B, C, X):
+    """y_i = Σ_{j≤i} L_{i−j} x_j with the lags above (a route independent of the recurrence)."""
+    n = len(X)
+    L = lti_lags(A, B, C, n)
+    # Y[i] = Σ_ℓ L_ℓ x_{i−ℓ}: one matrix product per lag, over all i at once.
+    Y = np.zeros((n, C.shape[0]))
+    for ell in range(n):
+        Y[ell:] += X[: n - ell] @ L[ell].T
+    return Y
+
+
+def lti_operator(A, B, C, n):
+    """prop-lti-ssm: 𝒲_ij = C A^{i−j} B for j ≤ i, else 0."""
+    return conv_operator(lti_lags(A, B, C, n), n)
+
+
+def selective_parts(A_log, W_delta, b_delta, W_B, W_C, X):
+    """prop-selective-ssm: A = −exp(A_log) (d, N); Δ_t = softplus(W_Δ x_t + b_Δ) (n, d);
+    B_t = W_B x_t, C_t = W_C x_t (n, N)."""
+    return -np.exp(A_log), softplus(X @ W_delta.T + b_delta), X @ W_B.T, X @ W_C.T
+
+
+def selective_forward(A_log, W_delta, b_delta, W_B, W_C, X):
+    """prop-selective-ssm: h_t[c] = e^{Δ_t[c] A[c]} ⊙ h_{t−1}[c] + Δ_t[c] B_t x_t[c], y_t[c] = ⟨C_t, h_t[c]⟩."""
+    A, delta, Bt, Ct = selective_parts(A_log, W_delta, b_delta, W_B, W_C, X)
+    d, N = A.shape
+    h, Y = np.zeros((d, N)), np.zeros((len(X), d))
+    for t in range(len(X)):
+        for c in range(d):
+            h[c] = np.exp(delta[t, c] * A[c]) * h[c] + delta[t, c] * Bt[t] * X[t, c]
+            Y[t, c] = Ct[t] @ h[c]
+    return Y
+
+
+def selective_operator(A_log, W_delta, b_delta, W_B, W_C, X):
+    """prop-selective-ssm: 𝒲_ij[c, c] = C_iᵀ (Π_{t=j+1}^{i} e^{Δ_t[c] A[c]}) ⊙ Δ_j[c] B_j, j ≤ i."""
+    A, delta, Bt, Ct = selective_parts(A_log, W_delta, b_delta, W_B, W_C, X)
+    n, d = len(X), A.shape[0]
+    out = np.zeros((n, n, d, d))
+    for i in range(n):
+        for j in range(i + 1):
+            for c in range(d):
+                product = np.ones(A.shape[1])
+                for t in range(j + 1, i + 1):
+                    product = product * np.exp(delta[t, c] * A[c])
+                out[i, j, c, c] = Ct[i] @ (product * delta[j, c] * Bt[j])
+    return out
+
+
+def ssd_parts(A_log, W_delta, b_delta, W_B, W_C, X):
+    """prop-ssd: Δ^h_t = softplus(w_Δ^h · x_t + b^h), a^h_t = e^{Δ^h_t a_h} with a_h = −exp(A_log[h])
+    (both (n, H)); B_t = W_B x_t, C_t = W_C x_t (n, N)."""
+    delta = softplus(X @ W_delta.T + b_delta)
+    return delta, np.exp(delta * -np.exp(A_log)), X @ W_B.T, X @ W_C.T
+
+
+def head_projections(H, d):
+    """P_h ∈ ℝ^{d×d}, the diagonal projection onto head h's channels (d/H consecutive ones)."""
+    size = d // H
+    P = np.zeros((H, d, d))
+    for h in range(H):
+        P[h, h * size:(h + 1) * size, h * size:(h + 1) * size] = np.eye(size)
+    return P
+
+
+def ssd_forward(A_log, W_delta, b_delta, W_B, W_C, W_O, X):
+    """prop-ssd: h^h_t = a^h_t h^h_{t−1} + Δ^h_t B_t x_t^{(h)ᵀ} (N × d/H), y_t = W_O concat_h(h^{hᵀ}_t C_t)."""
+    delta, a, Bt, Ct = ssd_parts(A_log, W_delta, b_delta, W_B, W_C, X)
+    H, d, N = len(A_log), X.shape[1], W_B.shape[0]
+    size = d // H
+    states = [np.zeros((N, size)) for _ in range(H)]
+    Y = []
+    for t in range(len(X)):
+        outs = []
+        for h in range(H):
+            x_h = X[t, h * size:(h + 1) * size]
+            states[h] = a[t, h] * states[h] + delta[t, h] * np.outer(Bt[t], x_h)
+            outs.append(states[h].T @ Ct[t])
+        Y.append(W_O @ np.concatenate(outs))
+    return np.array(Y)
+
+
+def ssd_coefficients(A_log, W_delta, b_delta, W_B, W_C, X):
+    """prop-ssd: α^h_ij = (C_i · B_j) Δ^h_j Π_{t=j+1}^{i} a^h_t for j ≤ i, else 0; shape (H, n, n)."""
+    delta, a, Bt, Ct = ssd_parts(A_log, W_delta, b_delta, W_B, W_C, X)
+    H, n = len(A_log), len(X)
+    alpha = np.zeros((H, n, n))
+    for h in range(H):
+        for i in range(n):
+            for j in range(i + 1):
+                alpha[h, i, j] = (Ct[i] @ Bt[j]) * delta[j, h] * np.prod(a[j + 1:i + 1, h])
+    return alpha
+
+
+def ssd_values(W_O, H):
+    """V_h = W_O P_h, shape (H, p, d)."""
+    return np.array([W_O @ P for P in head_projections(H, W_O.shape[1])])
+
+
+def factorized_operator(alpha, V):
+    """def-factorized: 𝒲_ij = Σ_h α^h_ij V_h. alpha (H, n, n), V (H, p, d)."""
+    H, n, _ = alpha.shape
+    out = np.zeros((n, n) + V.shape[1:])
+    for i in range(n):
+        for j in range(n):
+            for h in range(H):
+                out[i, j] += alpha[h, i, j] * V[h]
+    return out
+
+
+def softmax_weights(W_Q, W_K, X, causal, bias=None):
+    """prop-softmax-attention: α^h_ij = softmax_j((W_Q^h x_i)·(W_K^h x_j)/√d_k [+ b_h[i−j]]),
+    over j ≤ i when causal; shape (H, n, n)."""
+    H, d_k, _ = W_Q.shape
+    n = len(X)
+    alpha = np.zeros((H, n, n))
+    for h in range(H):
+        for i in range(n):
+            keys = range(i + 1) if causal else range(n)
+            scores = np.array([(W_Q[h] @ X[i]) @ (W_K[h] @ X[j]) / np.sqrt(d_k)
+                               + (bias[h, i - j] if bias is not None else 0.0) for j in keys])
+            e = np.exp(scores - scores.max())
+            alpha[h, i, list(keys)] = e / e.sum()
+    return alpha
+
+
+def attention_values(W_V, W_O):
+    """V_h = W_O^h W_V^h, shape (H, p, d)."""
+    return np.array([W_O[h] @ W_V[h] for h in range(len(W_V))])
+
+
+def softmax_forward(W_Q, W_K, W_V, W_O, X, causal, bias=None):
+    """prop-softmax-attention: y_i = Σ_h W_O^h Σ_j α^h_ij W_V^h x_j."""
+    alpha = softmax_weights(W_Q, W_K, X, causal, bias)
+    Y = np.zeros((len(X), W_O.shape[1]))
+    for h in range(len(W_Q)):
+        for i in range(len(X)):
+            mixed = sum(alpha[h, i, j] * (W_V[h] @ X[j]) for j in range(len(X)))
+            Y[i] += W_O[h] @ mixed
+    return Y
+
+
+def linear_weights(W_Q, W_K, X, causal):
+    """prop-linear-attention: α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'}) (j, j' ≤ i when causal)."""
+    H, n = len(W_Q), len(X)
+    alpha = np.zeros((H, n, n))
+    for h in range(H):
+        for i in range(n):
+            keys = list(range(i + 1) if causal else range(n))
+            kernel = np.array([elu_plus_one(W_Q[h] @ X[i]) @ elu_plus_one(W_K[h] @ X[j]) for j in keys])
+            alpha[h, i, keys] = kernel / kernel.sum()
+    return alpha
+
+
+def linear_forward(W_Q, W_K, W_V, W_O, X, causal):
+    """prop-linear-attention by running sums: S_i = S_{i−1} + φ(k_i)(W_V x_i)ᵀ, z_i = z_{i−1} + φ(k_i),
+    y_i = Σ_h W_O^h S_iᵀ φ(q_i) / (φ(q_i)ᵀ z_i) (full sums over all tokens when not causal)."""
+    H, n = len(W_Q), len(X)
+    Y = np.zeros((n, W_O.shape[1]))
+    for h in range(H):
+        phi_q = [elu_plus_one(W_Q[h] @ x) for x in X]
+        phi_k = [elu_plus_one(W_K[h] @ x) for x in X]
+        v = [W_V[h] @ x for x in X]
+        S, z = np.zeros((W_Q.shape[1], W_V.shape[1])), np.zeros(W_Q.shape[1])
+        if not causal:
+            S = sum(np.outer(phi_k[j], v[j]) for j in range(n))
+            z = sum(phi_k)
+        for i in range(n):
+            if causal:
+                S = S + np.outer(phi_k[i], v[i])
+                z = z + phi_k[i]
+            Y[i] += W_O[h] @ (S.T @ phi_q[i]) / (phi_q[i] @ z)
+    return Y
+
+
+def kan_bases(grid_range, grid_size, u):
+    """B_m(u), m = 0..G+2: cardinal cubic B-splines on the knots t_k = lo + (k − 3) h,
+    h = (hi − lo)/G, with B_m supported on [t_m, t_{m+4}]; shape (len(u), G + 3)."""
+    lo, hi = grid_range
+    h = (hi - lo) / grid_size
+    u = np.asarray(u, dtype=float)
+    return np.stack([cardinal_cubic((u - (lo + (m - 3) * h)) / h) for m in range(grid_size + 3)], -1)
+
+
+def kan_base_slopes_at_zero(grid_range, grid_size):
+    """B'_m(0), shape (G + 3,)."""
+    lo, hi = grid_range
+    h = (hi - lo) / grid_size
+    return np.array([cardinal_cubic_slope((0.0 - (lo + (m - 3) * h)) / h) / h for m in range(grid_size + 3)])
+
+
+def kan_edge(w, c, grid_range, u):
+    """prop-kan: φ_qr(u) = w_qr silu(u) + Σ_m c_qrm (B_m(u) − B_m(0)); shape (len(u), p, d)."""
+    grid_size = c.shape[2] - 3
+    bases = kan_bases(grid_range, grid_size, u) - kan_bases(grid_range, grid_size, np.zeros(1))
+    return w * silu(np.asarray(u, dtype=float))[:, None, None] + np.einsum("qrm,km->kqr", c, bases)
+
+
+def kan_slope_at_zero(w, c, grid_range):
+    """φ'_qr(0) = w_qr silu'(0) + Σ_m c_qrm B'_m(0), with silu'(0) = 1/2; shape (p, d)."""
+    return w / 2 + c @ kan_base_slopes_at_zero(grid_range, c.shape[2] - 3)
+
+
+def kan_forward(w, c, grid_range, X):
+    """prop-kan: y_i[q] = Σ_r φ_qr(x_i[r])."""
+    Y = np.zeros((len(X), w.shape[0]))
+    for i, x in enumerate(X):
+        phi = kan_edge(w, c, grid_range, x)  # [r', q, r] = φ_qr(x[r'])
+        Y[i] = sum(phi[r, :, r] for r in range(len(x)))
+    return Y
+
+
+def kan_operator(w, c, grid_range, X):
+    """prop-kan: 𝒲_ii[q, r] = φ_qr(x_i[r]) / x_i[r] (φ'_qr(0) where x_i[r] = 0); 0 off the diagonal."""
+    n, (p, d) = len(X), w.shape
+    slope = kan_slope_at_zero(w, c, grid_range)
+    out = np.zeros((n, n, p, d))
+    for i, x in enumerate(X):
+        phi = kan_edge(w, c, grid_range, x)
+        for r in range(d):
+            out[i, i, :, r] = slope[:, r] if x[r] == 0 else phi[r, :, r] / x[r]
+    return out
+
+
+# -- dispatch on lib's model classes (by class name: this module does not import lib) -------
+
+
+def _attention(model):
+    return model.W_Q, model.W_K, model.W_V, model.W_O
+
+
+def _linear_map(model):
+    name = getattr(model.feature_map, "__name__", "")
+    if name != "elu_plus_one":
+        raise NotImplementedError(f"reference linear attention uses elu + 1; the model uses {name!r}")
+    return _attention(model)
+
+
+def forward(model, X):
+    """The layer computed the usual way (recurrences, convolutions, running sums), from the model's
+    parameters. X: (n, d) or (b, n, d) numpy array; returns (n, p) or (b, n, p)."""
+    X = np.asarray(X, dtype=float)
+    if X.ndim == 3:
+        return np.stack([forward(model, x) for x in X])
+    kind = type(model).__name__
+    if kind == "Dense":
+        return dense_forward(model.W, X)
+    if kind == "FeedForward":
+        return ffn_forward(model.W1, model.W2, X)
+    if kind == "CausalConv1d":
+        return conv_forward(model.kernel, X)
+    if kind == "ElmanRNN":
+        return rnn_forward(model.W, model.U, model.C, X)
+    if kind == "LinearSSM":
+        return lti_forward(model.A, model.B, model.C, X)
+    if kind == "SelectiveSSM":
+        return selective_forward(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
+    if kind == "SSD":
+        return ssd_forward(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, model.W_O, X)
+    if kind == "SoftmaxAttention":
+        return softmax_forward(*_attention(model), X, model.causal, model.position_bias)
+    if kind == "LinearAttention":
+        return linear_forward(*_linear_map(model), X, model.causal)
+    if kind == "KANLayer":
+        return kan_forward(model.silu_weights, model.spline_coefficients, model.grid_range, X)
+    raise NotImplementedError(f"no reference for {kind}")
+
+
+def coefficients(model, X):
+    """(α, V) of a factorized model ({prf:ref}`def-factorized`): α (H, n, n), V (H, p, d).
+
+    Dense is the one-head case α_ij = δ_ij, V = W. X: (n, d).
+    """
+    X = np.asarray(X, dtype=float)
+    kind = type(model).__name__
+    if kind == "Dense":
+        return np.eye(len(X))[None], model.W[None]
+    if kind == "SSD":
+        alpha = ssd_coefficients(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
+        return alpha, ssd_values(model.W_O, len(model.A_log))
+    if kind == "SoftmaxAttention":
+        W_Q, W_K, W_V, W_O = _attention(model)
+        return softmax_weights(W_Q, W_K, X, model.causal, model.position_bias), attention_values(W_V, W_O)
+    if kind == "LinearAttention":
+        W_Q, W_K, W_V, W_O = _linear_map(model)
+        return linear_weights(W_Q, W_K, X, model.causal), attention_values(W_V, W_O)
+    raise NotImplementedError(f"{kind} is not in the factorized class")
+
+
+def operator(model, X):
+    """The operator the chapter's proposition gives, from the model's parameters.
+    X: (n, d) or (b, n, d); returns (n, n, p, d) or (b, n, n, p, d)."""
+    X = np.asarray(X, dtype=float)
+    if X.ndim == 3:
+        return np.stack([operator(model, x) for x in X])
+    kind = type(model).__name__
+    if kind == "FeedForward":
+        return ffn_operator(model.W1, model.W2, X)
+    if kind == "CausalConv1d":
+        return conv_operator(model.kernel, len(X))
+    if kind == "ElmanRNN":
+        return rnn_operator(model.W, model.U, model.C, X)
+    if kind == "LinearSSM":
+        return lti_operator(model.A, model.B, model.C, len(X))
+    if kind == "SelectiveSSM":
+        return selective_operator(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
+    if kind == "KANLayer":
+        return kan_operator(model.silu_weights, model.spline_coefficients, model.grid_range, X)
+    if kind == "Dense":
+        return dense_operator(model.W, X)
+    return factorized_operator(*coefficients(model, X))
+
+
+def agreement(model, X):
+    """Per-item errors of lib's model against the references, on one batch X of shape (b, n, d).
+
+    Returns a dict:
+        operator:  lib's model.operator(X) against `operator` (blockwise relative),
+        forward:   lib's model(X) against `forward` (tokenwise relative),
+        identity:  Σ_j 𝒲_ij x_j with the reference operator against the reference forward
+                   pass (tokenwise) — the proposition itself, in plain numpy.
+    Each is the largest over the sequences of the batch (each sequence scaled by itself).
+    """
+    X = np.asarray(X, dtype=float)
+    W_lib, Y_lib = np.asarray(model.operator(X)), np.asarray(model(X))
+    W_ref, Y_ref = operator(model, X), forward(model, X)
+    return {
+        "operator": max(itemwise_error(a, r, 2) for a, r in zip(W_lib, W_ref)),
+        "forward": max(itemwise_error(a, r, 1) for a, r in zip(Y_lib, Y_ref)),
+        "identity": max(itemwise_error(apply(w, x), y, 1) for w, x, y in zip(W_ref, X, Y_ref)),
+    }
+
+
+#: Tolerance on the per-item errors of `agreement`, by input family. Large tokens get 1e-8:
+#: lib's selective SSM and SSD take Δ from torch's softplus, which returns z itself for
+#: z > 20 (absolute error below e^{-20} ≈ 2e-9), and the decays e^{ΣΔA} turn that into
+#: relative errors up to about 1e-9 (a documented deviation of lib, not of the formulas).
+TOLERANCE = {"large": 1e-8}
+DEFAULT_TOLERANCE = 1e-10
+
+
+def tolerance(family):
+    """The tolerance on `agreement`'s errors for an input family of `input_families`."""
+    return TOLERANCE.get(family, DEFAULT_TOLERANCE)
+
+
+def worst_ratio(model, families):
+    """max over families and over the three errors of `agreement`, each divided by its family's
+    tolerance: <= 1 means lib and the formulas agree everywhere. Returns (ratio, {family: errors})."""
+    errors = {name: agreement(model, X) for name, X in families.items()}
+    ratio = max(max(e.values()) / tolerance(name) for name, e in errors.items())
+    return ratio, errors
+
+
+def input_families(n, d, rng, scale=30.0, batch=3):
+    """Inputs on which every proposition must hold, each of shape (b, n', d).
+
+    random:      iid N(0, 1) entries;
+    zero tokens: random, with tokens 1, 3, 6, … (and one whole sequence) set to exactly 0;
+    constant:    every token equal (attention weights tie; one activation pattern);
+    one token:   n = 1;
+    two tokens:  n = 2 (below a convolution's kernel length r = 3);
+    large:       iid N(0, scale²) entries (saturating softmax and tanh, decays that underflow).
+    """
+    random = rng.standard_normal((batch, n, d))
+    zeros = rng.standard_normal((batch, n, d))
+    zeros[:, ::3] = 0.0
+    zeros[0] = 0.0
+    constant = np.broadcast_to(rng.standard_normal((batch, 1, d)), (batch, n, d)).copy()
+    return {
+        "random": random,
+        "zero tokens": zeros,
+        "constant": constant,
+        "one token": rng.standard_normal((batch, 1, d)),
+        "two tokens": rng.standard_normal((batch, 2, d)),
+        "large": scale * rng.standard_normal((batch, n, d)),
+    }
+
+
+# -- prop-structured-dynamics ------------------------------------------------------------------
+
+
+def adversarial_factors(n, N, d, p, rng):
+    """Arbitrary per-step A_i (n, N, N), B_i (n, N, d), C_i (n, p, N): Gaussian, with a reset
+    (A_2 = 0), a rank-one A_3, a large A_4 (norm ~ 10), B_5 = 0 and C_6 = 0 (for n >= 6)."""
+    As, Bs, Cs = rng.standard_normal((n, N, N)), rng.standard_normal((n, N, d)), rng.standard_normal((n, p, N))
+    As[1:2] = 0.0
+    As[2:3] = np.outer(rng.standard_normal(N), rng.standard_normal(N))
+    As[3:4] *= 10
+    Bs[4:5] = 0.0
+    Cs[5:6] = 0.0
+    return As, Bs, Cs
+
+
+def structured_recurrence(As, Bs, Cs, X):
+    """def-structured-dynamics: s_0 = 0, s_i = A_i s_{i−1} + B_i x_i, y_i = C_i s_i.
+
+    As (n, N, N), Bs (n, N, d), Cs (n, p, N), X (n, d); returns (n, p).
+    """
+    s, Y = np.zeros(As.shape[1]), []
+    for A, B, C, x in zip(As, Bs, Cs, X):
+        s = A @ s + B @ x
+        Y.append(C @ s)
+    return np.array(Y)
+
+
+def structured_operator(As, Bs, Cs):
+    """prop-structured-dynamics: 𝒲_ij = C_i A_i A_{i−1} ⋯ A_{j+1} B_j for j ≤ i, 0 for j > i."""
+    n, p, d = len(As), Cs.shape[1], Bs.shape[2]
+    out = np.zeros((n, n, p, d))
+    for i in range(n):
+        for j in range(i + 1):
+            M = np.eye(As.shape[1])
+            for t in range(j + 1, i + 1):
+                M = As[t] @ M
+            out[i, j] = Cs[i] @ M @ Bs[j]
+    return out
+
+
+def impulse_operator(As, Bs, Cs):
+    """The operator of fixed factors by impulses: run the recurrence with x = e_k at position j
+    (the recurrence is linear in X once the factors are fixed); shape (n, n, p, d)."""
+    n, p, d = len(As), Cs.shape[1], Bs.shape[2]
+    out = np.zeros((n, n, p, d))
+    for j in range(n):
+        for k in range(d):
+            X = np.zeros((n, d))
+            X[j, k] = 1.0
+            out[:, j, :, k] = structured_recurrence(As, Bs, Cs, X)
+    return out
+
+
+def _channel_factors(decay, drive, Ct, W_out):
+    """Per-channel dynamics with state (d·N): A_t = blockdiag_c diag(decay[t, c]),
+    B_t e_c = drive[t, c] in block c, C_t = W_out · blockdiag_c C_tᵀ."""
+    n, d, N = decay.shape
+    As, Bs, Cs = np.zeros((n, d * N, d * N)), np.zeros((n, d * N, d)), np.zeros((n, W_out.shape[0], d * N))
+    for t in range(n):
+        readout = np.zeros((d, d * N))
+        for c in range(d):
+            block = slice(c * N, (c + 1) * N)
+            As[t, block, block] = np.diag(decay[t, c])
+            Bs[t, block, c] = drive[t, c]
+            readout[c, block] = Ct[t]
+        Cs[t] = W_out @ readout
+    return As, Bs, Cs
+
+
+def structured_factors(model, X):
+    """(A_i, B_i, C_i) of a model with structured dynamics, evaluated at X (n, d), as the
+    chapter identifies them: LTI SSM (A, B, C); Elman RNN (D_i W, D_i U, C); selective SSM
+    and SSD with one N-dimensional state per channel (decays e^{Δ_t[c] A[c]}, resp. a^h_t for
+    the channel's head h)."""
+    X = np.asarray(X, dtype=float)
+    n = len(X)
+    kind = type(model).__name__
+    if kind == "LinearSSM":
+        A, B, C = model.A, model.B, model.C
+        return np.repeat(A[None], n, 0), np.repeat(B[None], n, 0), np.repeat(C[None], n, 0)
+    if kind == "ElmanRNN":
+        D = [np.diag(tanh_secant(z)) for z in rnn_pre_activations(model.W, model.U, X)]
+        return (np.array([Di @ model.W for Di in D]), np.array([Di @ model.U for Di in D]),
+                np.repeat(model.C[None], n, 0))
+    if kind == "SelectiveSSM":
+        A, delta, Bt, Ct = selective_parts(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
+        decay = np.exp(delta[:, :, None] * A[None])
+        drive = delta[:, :, None] * Bt[:, None, :]
+        return _channel_factors(decay, drive, Ct, np.eye(model.d))
+    if kind == "SSD":
+        delta, a, Bt, Ct = ssd_parts(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
+        head = np.arange(model.d) // (model.d // len(model.A_log))  # the head of each channel
+        N = model.W_B.shape[0]
+        decay = np.repeat(a[:, head][:, :, None], N, 2)
+        drive = delta[:, head][:, :, None] * Bt[:, None, :]
+        return _channel_factors(decay, drive, Ct, model.W_O)
+    raise NotImplementedError(f"{kind} is not given structured dynamics in the chapter")
+
+
+def structured_error(model, X):
+    """Largest per-item error, over the sequences of X (b, n, d), of lib's operator against the
+    product formula and of lib's forward pass against the recurrence, with the model's factors."""
+    worst = 0.0
+    for x in np.asarray(X, dtype=float):
+        As, Bs, Cs = structured_factors(model, x)
+        worst = max(worst, itemwise_error(np.asarray(model.operator(x)), structured_operator(As, Bs, Cs), 2),
+                    itemwise_error(np.asarray(model(x)), structured_recurrence(As, Bs, Cs, x), 1))
+    return worst
+
+
+# -- interaction ranks as the chapter states them -----------------------------------------------
+
+
+def ffn_rank(W1, W2, tokens):
+    """prop-ffn: dim span{W2 D W1 : D a pattern realised by the tokens} = rank(P M), with P the
+    realised patterns (rows) and M the rows vec(w2_k w1_kᵀ), k = 1..m. tokens: (t, d)."""
+    patterns = np.unique(np.array([ffn_pattern(W1, x) for x in tokens]), axis=0)
+    rank_one = np.array([np.outer(W2[:, k], W1[k]).ravel() for k in range(W1.shape[0])])
+    return numerical_rank(patterns @ rank_one)
+
+
+def predicted_rank(model, inputs):
+    """What the chapter's proposition says about the interaction rank of `model` over `inputs`.
+
+    inputs: (b, n, d), every sequence of one length n. Returns (relation, value, rule) with
+    relation "=" when the page claims the value exactly (its conditions checked here, in
+    numpy) and "≤" when it claims only a bound.
+    """
+    inputs = np.asarray(inputs, dtype=float)
+    b, n, d = inputs.shape
+    tokens = inputs.reshape(-1, d)
+    kind = type(model).__name__
+    if kind == "Dense":
+        return "=", int(np.any(model.W != 0)), "1 (W ≠ 0)"
+    if kind == "FeedForward":
+        return "=", ffn_rank(model.W1, model.W2, tokens), "dim span{W₂ D W₁ : D realised}"
+    if kind == "CausalConv1d":
+        return "=", numerical_rank(model.kernel[: min(model.r, n)]), "dim span{K_ℓ : ℓ < min(r, n)}"
+    if kind == "ElmanRNN":
+        bound = np.linalg.matrix_rank(model.C) * np.linalg.matrix_rank(model.U)
+        return "≤", int(bound), "rank C · rank U"
+    if kind == "LinearSSM":
+        return "=", numerical_rank(lti_lags(model.A, model.B, model.C, n)), "k = dim span{L_ℓ : ℓ < n}"
+    if kind == "KANLayer":
+        return "≤", model.p * model.d, "pd"
+    if kind == "SelectiveSSM":
+        ok = quadratic_form_nonzero(model.W_B, model.W_C) and np.linalg.matrix_rank(model.W_delta) == d
+        return ("=" if ok and len(tokens) >= d else "≤"), d, "d (W_Δ invertible, q ≢ 0)"
+    if kind == "SSD":
+        H = len(model.A_log)
+        values = ssd_values(model.W_O, H)
+        ok = (quadratic_form_nonzero(model.W_B, model.W_C) and np.linalg.matrix_rank(model.W_delta) == H
+              and all(np.any(V != 0) for V in values))
+        return ("=" if ok and len(tokens) >= H else "≤"), H, "H (rank W_Δ = H, W_O P_h ≠ 0, q ≢ 0)"
+    if kind == "SoftmaxAttention":
+        H = model.H
+        if n == 1:
+            return "=", int(np.any(attention_values(model.W_V, model.W_O).sum(0) != 0)), "1 (n = 1)"
+        ok = (numerical_rank(attention_values(model.W_V, model.W_O)) == H and b >= H
+              and model.position_bias is None and score_directions_independent(model))
+        return ("=" if ok else "≤"), H, "H (n ≥ 2, V_h and W_Kᵀ W_Q x* independent)"
+    if kind == "LinearAttention":
+        H = model.H
+        if numerical_rank(attention_values(model.W_V, model.W_O)) < H:
+            return "≤", H, "H"
+        alpha = np.concatenate([coefficients(model, x)[0].reshape(H, -1).T for x in inputs])
+        return "=", numerical_rank(alpha), "dim span{α_ij(X)} (V_h independent)"
+    raise NotImplementedError(f"no rank statement for {kind}")
+
+
+def quadratic_form_nonzero(W_B, W_C):
+    """q(x) = (W_C x)ᵀ(W_B x) is not identically zero iff W_Cᵀ W_B is not antisymmetric."""
+    M = W_C.T @ W_B
+    return bool(np.abs(M + M.T).max() > 1e-12 * max(np.abs(M).max(), 1e-300))
+
+
+def score_directions_independent(model, seed=0):
+    """Whether the vectors W_K^{hᵀ} W_Q^h x*, h = 1..H, are independent at a random token x*."""
+    x = np.random.default_rng(seed).standard_normal(model.d)
+    u = np.array([model.W_K[h].T @ (model.W_Q[h] @ x) for h in range(model.H)])
+    return numerical_rank(u) == model.H
+
+
+def coefficient_rank(model, inputs):
+    """dim span{(α^1_ij(X), …, α^H_ij(X)) : i, j, X ∈ inputs} (prop-factorized-rank). inputs (b, n, d)."""
+    vectors = [coefficients(model, x)[0].reshape(-1, len(x) ** 2).T for x in np.asarray(inputs, dtype=float)]
+    return numerical_rank(np.concatenate(vectors))
+
+
+def value_rank(model):
+    """dim span{V_1, …, V_H} of a factorized model."""
+    return numerical_rank(coefficients(model, np.zeros((1, model.d)))[1])
+
+
+# -- prop-discretisation --------------------------------------------------------------------------
+
+
+def continuous_systems(N, d, p, rng, hurwitz=4, singular=2):
+    """(kind, A_c, B_c, C) test systems: Hurwitz A_c (a Gaussian shifted so its rightmost
+    eigenvalue has real part −0.05), singular ones (a product of N × (N−1) and (N−1) × N
+    Gaussians: rank N − 1), the nilpotent shift (ones above the diagonal) and A_c = 0."""
+    systems = []
+    for _ in range(hurwitz):
+        A = rng.standard_normal((N, N))
+        systems.append(("Hurwitz", A - (np.linalg.eigvals(A).real.max() + 0.05) * np.eye(N)))
+    for _ in range(singular):
+        systems.append(("singular", rng.standard_normal((N, N - 1)) @ rng.standard_normal((N - 1, N))))
+    systems += [("nilpotent", np.eye(N, k=1)), ("zero", np.zeros((N, N)))]
+    return [(kind, A, rng.standard_normal((N, d)), rng.standard_normal((p, N))) for kind, A in systems]
+
+
+def system_names(systems):
+    """'Hurwitz 1', 'Hurwitz 2', …, 'singular 1', …: the kinds of `continuous_systems`, numbered."""
+    kinds = [s[0] for s in systems]
+    return [f"{kind} {kinds[:k + 1].count(kind)}" for k, kind in enumerate(kinds)]
+
+
+def bilinear(A_c, B_c, step):
+    """Ā = (I − Δ/2 A_c)^{-1}(I + Δ/2 A_c), B̄ = (I − Δ/2 A_c)^{-1} Δ B_c, with an explicit inverse."""
+    I = np.eye(len(A_c))
+    inverse = np.linalg.inv(I - step / 2 * A_c)
+    return inverse @ (I + step / 2 * A_c), inverse @ (step * B_c)
+
+
+def _substeps(A_c, step, max_step_norm):
+    """Enough RK4 steps that each has h ‖A_c‖₂ <= max_step_norm (local error ~ (h‖A_c‖)⁵/120)."""
+    return max(100, int(np.ceil(step * np.linalg.norm(A_c, 2) / max_step_norm)))
+
+
+def rk4_flow(A_c, B_c, step, max_step_norm=1e-3):
+    """(Ā, B̄) = (s(Δ) for s(0) = e_k, x = 0;  s(Δ) for s(0) = 0, x = e_k) by classical
+    Runge–Kutta on ṡ = A_c s + B_c x over [0, Δ], in steps h with h‖A_c‖₂ <= max_step_norm:
+    the zero-order-hold matrices by integrating the ODE, with no matrix exponential."""
+    N, d = B_c.shape
+    substeps = _substeps(A_c, step, max_step_norm)
+    h = step / substeps
+    # Columns: N homogeneous solutions from the unit states, d forced ones from s(0) = 0.
+    S = np.concatenate([np.eye(N), np.zeros((N, d))], 1)
+    U = np.concatenate([np.zeros((d, N)), np.eye(d)], 1)  # the held input of each column
+    f = lambda S: A_c @ S + B_c @ U
+    for _ in range(substeps):
+        k1 = f(S)
+        k2 = f(S + h / 2 * k1)
+        k3 = f(S + h / 2 * k2)
+        k4 = f(S + h * k3)
+        S = S + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return S[:, :N], S[:, N:]
+
+
+def held_input_samples(A_c, B_c, C, step, X, max_step_norm=1e-3):
+    """y(iΔ) = C s(iΔ) for ṡ = A_c s + B_c x(t), s(0) = 0, x(t) = x_i on ((i−1)Δ, iΔ], by RK4."""
+    substeps = _substeps(A_c, step, max_step_norm)
+    h, s, Y = step / substeps, np.zeros(len(A_c)), []
+    for x in X:
+        f = lambda s: A_c @ s + B_c @ x
+        for _ in range(substeps):
+            k1 = f(s)
+            k2 = f(s + h / 2 * k1)
+            k3 = f(s + h / 2 * k2)
+            k4 = f(s + h * k3)
+            s = s + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        Y.append(C @ s)
+    return np.array(Y)
+
+
+def mapped_spectral_radius(A_c, step, method):
+    """max |μ| over the eigenvalues λ of A_c mapped by the rule: μ = (1 + Δλ/2)/(1 − Δλ/2)
+    (bilinear) or μ = e^{Δλ} (zoh)."""
+    lam = np.linalg.eigvals(A_c)
+    if method == "bilinear":
+        return float(np.abs((1 + step * lam / 2) / (1 - step * lam / 2)).max())
+    return float(np.abs(np.exp(step * lam)).max())
+
+
+def column_error(actual, reference):
+    """Largest relative error over the columns of a matrix (each relative to its own norm)."""
+    return itemwise_error(np.asarray(actual).T, np.asarray(reference).T, 1)
