@@ -24,6 +24,7 @@ function says it builds the dense operator on purpose (an independent route):
 - `population_error`: Σ_i E‖y_i − ŷ_i‖² between two lag kernels, in closed form;
 - `token_dependent_single_head`: the best single head whose coefficients may be any
   functions of the input ({prf:ref}`prop-single-head-generic-inputs`);
+  `single_head_witness`: the single-token input on which it fails ({prf:ref}`thm-rank-gap-map`);
 - map level ({prf:ref}`thm-map-level-head-count`): value families that span ℝ^p at every
   non-zero token (`polynomial_values`, `complex_values`, `cayley_dickson_values`,
   `nonsingular_values`), `TokenDependentHeads` built on them, `map_head_bounds`,
@@ -70,6 +71,8 @@ __all__ = [
     "sampled_head_errors",
     "SingleHeadFit",
     "token_dependent_single_head",
+    "SingleTokenWitness",
+    "single_head_witness",
     "polynomial_values",
     "complex_values",
     "cayley_dickson_values",
@@ -77,10 +80,12 @@ __all__ = [
     "nonsingular_dimension_bounds",
     "composition_defect",
     "token_matrix",
+    "worst_conditioned_tokens",
     "pointwise_lag_rank",
     "MapHeadBounds",
     "map_head_bounds",
     "singular_token",
+    "token_miss",
     "TokenDependentHeads",
     "s4d_continuous",
     "s4d_step",
@@ -684,6 +689,65 @@ def token_dependent_single_head(ssm: LinearSSM, X: Any, V: Any, *, causal: bool 
     return SingleHeadFit(outputs, alpha, ((Y - outputs) ** 2).sum(axis=2), Y)
 
 
+@dataclass(frozen=True)
+class SingleTokenWitness:
+    """An input on which every single head with a given value map misses an SSM (`single_head_witness`).
+
+    Attributes:
+        lag: ℓ; the input is (u, 0, …, 0) and the miss is at position 1 + ℓ (index ℓ).
+        token: u, shape (d,), unit norm.
+        miss: the least relative error ‖y − ŷ‖/‖y‖ at that position over all coefficients, with
+            y = L_ℓ u from the SSM's own forward pass and ŷ ∈ span{V u}.
+    """
+
+    lag: int
+    token: np.ndarray
+    miss: float
+
+
+def single_head_witness(ssm: LinearSSM, n: int, V: Any, rtol: float = 1e-10) -> SingleTokenWitness | None:
+    """The single-token input of {prf:ref}`thm-rank-gap-map` on which a single head with value map V fails.
+
+    The theorem's contrapositive, made constructive: if some lag L_ℓ (ℓ < n) is not a
+    multiple of V, `lib.spans.pointwise_witness` gives a token u with L_ℓ u ∉ span{V u}.
+    On the input (u, 0, …, 0) a single head y_i = Σ_j α_ij(X) V x_j outputs a multiple of
+    V u at every position whatever its coefficients, while the SSM outputs y_{1+ℓ} = L_ℓ u;
+    the miss is measured from the SSM's forward pass (its recurrence), by least squares
+    on V u (V u below rtol·‖V‖ counts as 0, so the miss is then 1).  Among the lags with a
+    witness, the one with the largest miss is returned.
+
+    Args:
+        ssm: a LinearSSM.  n: sequence length.  V: the value map, shape (p, d).
+        rtol: as in `pointwise_witness`.
+
+    Returns:
+        SingleTokenWitness(lag, token, miss), or None when every lag is a multiple of V
+        (then one head with value V represents the SSM: {prf:ref}`thm-rank-gap`).
+    """
+    from .spans import pointwise_witness
+
+    ssm, n = _check_ssm(ssm), check_int(n, "n")
+    V_t, _ = as_real_tensor(V, "V", dtype=torch.float64)
+    check_shape(V_t, "V", ("p", "d"), {"p": ssm.p, "d": ssm.d})
+    V = V_t.numpy()
+    lags = ssm.lags(n).astype(np.float64)
+    best = None
+    for ell in range(n):
+        u = pointwise_witness(lags[ell], V, rtol)
+        if u is None:
+            continue
+        X = np.zeros((1, n, ssm.d))
+        X[0, 0] = u
+        y, Vu = np.asarray(ssm(X))[0, ell], V @ u
+        if np.linalg.norm(Vu) <= rtol * np.linalg.norm(V):
+            miss = 1.0
+        else:
+            miss = float(np.linalg.norm(y - (y @ Vu) / (Vu @ Vu) * Vu) / np.linalg.norm(y))
+        if best is None or miss > best.miss:
+            best = SingleTokenWitness(ell, u, miss)
+    return best
+
+
 # -- the map level: value families that span ℝ^p at every token ------------------
 
 
@@ -875,6 +939,38 @@ def token_matrix(values: Any, tokens: Any) -> np.ndarray:
     return np.einsum("hpd,...d->...ph", V, u.numpy())
 
 
+def worst_conditioned_tokens(values: Any, samples: int = 20_000, keep: int = 3, *,
+                             seed: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens u with the largest condition number of B(u) = [V_1 u, …, V_H u] found by a search.
+
+    Candidates: `samples` Gaussian tokens and a few structured ones — the basis vectors,
+    (1, …, 1), (1, −1, 1, …) and the binomial coefficients (the polynomial (1 + t)^{d−1},
+    whose roots sit on the unit circle, where polynomial multiplication is worst
+    conditioned).  The condition number is σ_1/σ_p of the p × H matrix B(u) (inf if it
+    has rank < p).  A search, not a bound: for `cayley_dickson_values` and
+    `complex_values` every B(u) has condition number 1 (`composition_defect` = 0).
+
+    Args:
+        values: V, shape (H, p, d).
+        samples: number of Gaussian candidates, >= 1.  keep: number of tokens returned, >= 1.
+        seed: seed of numpy's default_rng.
+
+    Returns:
+        (tokens of shape (keep, d), their condition numbers (keep,)), worst first.
+    """
+    V = _as_values(values)
+    samples, keep = check_int(samples, "samples"), check_int(keep, "keep")
+    d = V.shape[2]
+    structured = np.concatenate([np.eye(d), [np.ones(d), (-1.0) ** np.arange(d),
+                                             [math.comb(d - 1, b) for b in range(d)]]])
+    tokens = np.concatenate([np.random.default_rng(seed).standard_normal((samples, d)), structured])
+    sigma = np.linalg.svd(token_matrix(V, tokens), compute_uv=False)[:, : V.shape[1]]
+    with np.errstate(divide="ignore"):
+        condition = np.where(sigma[:, -1] > 0, sigma[:, 0] / sigma[:, -1], np.inf)
+    order = np.argsort(-condition)[:keep]
+    return tokens[order], condition[order]
+
+
 def pointwise_lag_rank(ssm: LinearSSM, n: int, token: Any, rtol: float = 1e-10) -> int:
     """rank K_n(u), K_n(u) = [L_0 u, …, L_{n−1} u] ∈ ℝ^{p×n}: the outputs one token u can demand.
 
@@ -900,7 +996,8 @@ class MapHeadBounds:
     Attributes:
         lower: r* = max_u rank K_n(u), raised to the lower bound of ν(p, d) when `full`.
         upper: min(k_n, heads of `nonsingular_values(p, d)`).
-        k: the lag span dimension k_n (numerical, `min_heads`).
+        k: the lag span dimension k_n: `modal_lag_span_dimension` when A has distinct
+            eigenvalues and n >= N, else `min_heads`.
         pointwise_rank: r*, measured at a random Gaussian token.
         full: k_n = pd, which certifies that K_n(u) has rank p for every u ≠ 0.
     """
@@ -932,40 +1029,25 @@ def map_head_bounds(ssm: LinearSSM, n: int, *, seed: Any = 0, rtol: float = 1e-1
         MapHeadBounds(lower, upper, k, pointwise_rank, full).
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
-    k = min_heads(ssm, n, rtol)
+    try:
+        k = modal_lag_span_dimension(ssm, n, rtol)
+    except ValueError:                                        # repeated eigenvalues, n < N, ...
+        k = min_heads(ssm, n, rtol)
     r = pointwise_lag_rank(ssm, n, np.random.default_rng(seed).standard_normal(ssm.d), rtol)
     nu_lower, nu_upper = nonsingular_dimension_bounds(ssm.p, ssm.d)
     full = k == ssm.p * ssm.d
     return MapHeadBounds(max(r, nu_lower) if full else r, min(k, nu_upper), k, r, full)
 
 
-def singular_token(values: Any, start: Any, direction: Any = None) -> np.ndarray:
-    """A unit token u at which p odd heads stop spanning ℝ^p: det[V_1 u, …, V_p u] = 0.
-
-    The constructive step of {prf:ref}`lem-odd-nonsingular`: for H = p heads, f(u) =
-    det B(u) is a form of odd degree p, so f(−u) = −f(u); along the half great circle
-    u(θ) = cos θ·u_0 + sin θ·w, θ ∈ [0, π] (w ⟂ u_0, needs d >= 2) it changes sign, and
-    bisection finds θ with f(u(θ)) = 0 to rounding.  At that token B(u) has rank < p, so
-    no choice of coefficients reaches outputs outside a (p−1)-dimensional subspace.
-
-    Args:
-        values: V_1..V_p, shape (p, p, d) — exactly H = p heads, p odd, d >= 2.
-        start: u_0, shape (d,), non-zero.
-        direction: w, shape (d,), not a multiple of u_0 (default: the standard basis
-            vector least aligned with u_0); it is orthogonalised against u_0.
-
-    Returns:
-        The unit token u, shape (d,).
-    """
-    V = _as_values(values)
-    H, p, d = V.shape
-    if H != p or p % 2 == 0 or d < 2:
-        raise ValueError(f"values must have H = p heads with p odd and d >= 2; got shape {V.shape}")
+def _sign_change_zero(values: np.ndarray, start: Any, direction: Any) -> np.ndarray:
+    # For square B(u) = [V_h u]_h (H = p, p odd, d >= 2): a unit u on a half great circle with det B(u) = 0.
+    H, p, d = values.shape
     u0, _ = as_real_tensor(start, "start", dtype=torch.float64)
     check_shape(u0, "start", ("d",), {"d": d})
-    u0 = u0.numpy() / np.linalg.norm(u0.numpy()) if np.linalg.norm(u0.numpy()) > 0 else None
-    if u0 is None:
+    u0 = u0.numpy()
+    if not np.linalg.norm(u0) > 0:
         raise ValueError("start must be a non-zero token")
+    u0 = u0 / np.linalg.norm(u0)
     if direction is None:
         w = np.eye(d)[np.argmin(np.abs(u0))]
     else:
@@ -978,7 +1060,7 @@ def singular_token(values: Any, start: Any, direction: Any = None) -> np.ndarray
     w /= np.linalg.norm(w)
 
     def f(theta: float) -> float:
-        return float(np.linalg.det(token_matrix(V, math.cos(theta) * u0 + math.sin(theta) * w)))
+        return float(np.linalg.det(token_matrix(values, math.cos(theta) * u0 + math.sin(theta) * w)))
 
     low, high, f_low = 0.0, math.pi, f(0.0)
     if f_low == 0.0:
@@ -997,6 +1079,91 @@ def singular_token(values: Any, start: Any, direction: Any = None) -> np.ndarray
             high = middle
     theta = 0.5 * (low + high)
     return math.cos(theta) * u0 + math.sin(theta) * w
+
+
+def singular_token(values: Any, start: Any, direction: Any = None) -> np.ndarray:
+    """A unit token u ≠ 0 at which H heads stop spanning ℝ^p: rank [V_1 u, …, V_H u] < p.
+
+    Such a token exists whenever H < max(p, d), or H = max(p, d) is odd and
+    min(p, d) >= 2 ({prf:ref}`lem-odd-nonsingular`); it is found constructively:
+
+    - H < p: every token will do (B(u) has only H < p columns); u = start.
+    - H < d: for y = start ∈ ℝ^p the H × d matrix with rows yᵀ V_h has a null vector u,
+      so y ⟂ every V_h u.
+    - H = p odd, d >= 2: f(u) = det B(u) is a form of odd degree p, f(−u) = −f(u); along
+      the half great circle u(θ) = cos θ·u_0 + sin θ·w, θ ∈ [0, π] (w ⟂ u_0) it changes
+      sign, and bisection finds θ with f(u(θ)) = 0 to rounding.
+    - H = d odd, p >= 2: the same for the transposed family V_hᵀ gives y ≠ 0 with
+      det [V_1ᵀ y, …, V_dᵀ y] = 0, and u is the null vector of the rows yᵀ V_h.
+
+    At that token no choice of coefficients reaches outputs outside a proper subspace of ℝ^p.
+
+    Args:
+        values: V_1..V_H, shape (H, p, d).
+        start: u_0 of shape (d,) in the cases H < p and H = p; y of shape (p,) in the
+            cases H < d and H = d (H < p and H = p take precedence); non-zero.
+        direction: w for the bisection cases, same shape as start, not a multiple of it
+            (default: the standard basis vector least aligned with start).
+
+    Returns:
+        The unit token u, shape (d,).
+    """
+    V = _as_values(values)
+    H, p, d = V.shape
+
+    def null_token(y: np.ndarray) -> np.ndarray:
+        u = np.linalg.svd(np.einsum("a,hab->hb", y, V))[2][-1]  # rows yᵀ V_h; its null vector
+        return u / np.linalg.norm(u)
+
+    if H < p or (H == p and p % 2 == 1 and d >= 2):
+        if H < p:
+            u0, _ = as_real_tensor(start, "start", dtype=torch.float64)
+            check_shape(u0, "start", ("d",), {"d": d})
+            if not np.linalg.norm(u0.numpy()) > 0:
+                raise ValueError("start must be a non-zero token")
+            return u0.numpy() / np.linalg.norm(u0.numpy())
+        return _sign_change_zero(V, start, direction)
+    if H < d:
+        y, _ = as_real_tensor(start, "start", dtype=torch.float64)
+        check_shape(y, "start", ("p",), {"p": p})
+        if not np.linalg.norm(y.numpy()) > 0:
+            raise ValueError("start must be non-zero")
+        return null_token(y.numpy())
+    if H == d and d % 2 == 1 and p >= 2:
+        return null_token(_sign_change_zero(V.transpose(0, 2, 1), start, direction))
+    raise ValueError(f"values must have H < max(p, d) heads, or H = p odd with d >= 2, or H = d odd with "
+                     f"p >= 2 (then a rank-deficient token is guaranteed); got shape {V.shape}")
+
+
+def token_miss(ssm: LinearSSM, n: int, values: Any, token: Any, rtol: float = 1e-10) -> float:
+    """The least relative error of heads with value maps V_h on the single-token input (u, 0, …, 0).
+
+    On that input an H-head model (any coefficients) outputs vectors of range B(u),
+    B(u) = [V_1 u, …, V_H u], at every position, while the SSM outputs L_ℓ u at position
+    1 + ℓ.  Returns √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with range B(u) spanned
+    by the left singular vectors whose singular values exceed rtol·σ_max (so a B(u)
+    singular to rounding, as at a `singular_token`, counts as singular).  This is the
+    quantity the necessity half of {prf:ref}`thm-map-level-head-count` bounds below.
+
+    Args:
+        ssm: a LinearSSM.  n: sequence length.  values: shape (H, p, d).  token: u, shape (d,).
+        rtol: rank tolerance of B(u), 0 < rtol < 1.
+
+    Returns:
+        The relative miss in [0, 1] (0 if the SSM's output on the input is 0).
+    """
+    ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
+    V = _as_values(values, ssm.p, ssm.d)
+    u, _ = as_real_tensor(token, "token", dtype=torch.float64)
+    check_shape(u, "token", ("d",), {"d": ssm.d})
+    X = np.zeros((1, n, ssm.d))
+    X[0, 0] = u.numpy()
+    K = np.asarray(ssm(X))[0].T                               # the SSM's outputs L_ℓ u, (p, n)
+    left, sigma, _ = np.linalg.svd(token_matrix(V, u.numpy()), full_matrices=False)
+    rank = int((sigma > rtol * np.linalg.norm(V) * np.linalg.norm(u.numpy())).sum())
+    residual = K - left[:, :rank] @ (left[:, :rank].T @ K)
+    total = float((K ** 2).sum())
+    return float(np.sqrt((residual ** 2).sum() / total)) if total > 0 else 0.0
 
 
 _J = ((0.0, -1.0), (1.0, 0.0))  # rotation by 90°: ⟨x, Jx⟩ = 0 and ‖Jx‖ = ‖x‖

@@ -38,10 +38,13 @@ from lib.heads import (
     s4d_ssm,
     s4d_step,
     sampled_head_errors,
+    single_head_witness,
     singular_token,
     token_dependent_single_head,
     token_matrix,
+    token_miss,
     truncated_heads,
+    worst_conditioned_tokens,
 )
 
 # -- independent references ---------------------------------------------------------
@@ -651,6 +654,77 @@ def test_nonsingular_values_picks_the_fewest_heads():
     assert nonsingular_dimension_bounds(6, 6) == (6, 8) and nonsingular_dimension_bounds(7, 7) == (8, 8)
 
 
+def _nu_formula(p, d):
+    # The exact values of cor-map-level-exact, or None where the corollary leaves a gap.
+    big, small = max(p, d), min(p, d)
+    if small == 1 or big in (2, 4, 8) or (small == 2 and big % 2 == 0):
+        return big
+    if (small >= 2 and big in (3, 7)) or (small == 2 and big % 2 == 1):
+        return big + 1
+    return None
+
+
+def test_cor_map_level_exact_values_match_the_bounds():
+    # Where the corollary states ν(p, d), the lower bound (lemma) and the upper bound (a family) meet
+    # at that value; elsewhere (p, d <= 8) they leave a gap.
+    for p in range(1, 9):
+        for d in range(1, 9):
+            lower, upper = nonsingular_dimension_bounds(p, d)
+            nu = _nu_formula(p, d)
+            assert (lower == upper == nu) if nu is not None else lower < upper, (p, d)
+
+
+@pytest.mark.parametrize("p, d", [(2, 2), (3, 3), (2, 3), (4, 4), (1, 3), (2, 5)])
+def test_cor_map_level_exact_one_head_fewer_misses_a_full_ssm(p, d):
+    # For an SSM with k = pd: ν heads compute it, and ν − 1 value maps (random, or the first ν − 1 of the
+    # family) miss it at the token of singular_token; the miss is recomputed here by least squares on
+    # the SSM's outputs L_ℓ u, with B(u)'s range cut to its numerical rank.
+    nu = _nu_formula(p, d)
+    ssm, n = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + 2 * d), p * d + 2
+    assert map_head_bounds(ssm, n).full
+    X = np.random.default_rng(0).standard_normal((3, n, d))
+    assert relative_error(TokenDependentHeads(ssm, nonsingular_values(p, d))(X), ssm(X)) < 1e-12
+    rng = np.random.default_rng(p * d)
+    for values in [rng.standard_normal((nu - 1, p, d)), nonsingular_values(p, d)[: nu - 1]]:
+        H = nu - 1
+        u = singular_token(values, rng.standard_normal(d if H <= p else p))
+        K = np.einsum("lpd,d->pl", lags_np(ssm, n), u)
+        B = np.einsum("hpd,d->ph", values, u)
+        left, sigma, _ = np.linalg.svd(B, full_matrices=False)
+        basis = left[:, sigma > 1e-10 * np.linalg.norm(values)]
+        miss = np.linalg.norm(K - basis @ basis.T @ K) / np.linalg.norm(K)
+        assert miss > 1e-3
+        assert token_miss(ssm, n, values, u) == pytest.approx(miss, rel=1e-9)
+
+
+def test_single_head_witness_and_token_miss_edge_cases():
+    ssm = LinearSSM.damped_rotation(0.9, 0.6)
+    witness = single_head_witness(ssm, 8, np.eye(2))
+    assert witness is not None and 0 < witness.miss <= 1 and witness.token.shape == (2,)
+    # The miss is the sine of the angle between L_ℓ u and u (V = I), from the lags directly.
+    L = lags_np(ssm, 8)[witness.lag]
+    y = L @ witness.token
+    assert witness.miss == pytest.approx(np.linalg.norm(np.cross(np.r_[y, 0], np.r_[witness.token, 0]))
+                                         / np.linalg.norm(y), rel=1e-9)
+    collinear = ssm_from(np.array([[0.8]]), np.array([[1.0, 2.0]]), np.array([[1.0], [0.5]]))
+    assert single_head_witness(collinear, 8, np.outer([1.0, 0.5], [1.0, 2.0])) is None
+    # A family that spans ℝ^p at u misses nothing; the zero family misses everything.
+    assert token_miss(ssm, 8, cayley_dickson_values(2, 2), np.array([0.3, -1.0])) < 1e-14
+    assert token_miss(ssm, 8, np.zeros((2, 2, 2)), np.array([0.3, -1.0])) == 1.0
+
+
+def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
+    # For polynomial multiplication by u(t) = (1 + t)^{d−1} (roots on the unit circle) the convolution
+    # matrix is badly conditioned; the search returns it (or a worse one), and norm-preserving
+    # families have condition number 1 everywhere.
+    V = polynomial_values(5, 5)
+    tokens, condition = worst_conditioned_tokens(V, 2000, 2, seed=1)
+    binomial = np.array([1.0, 4.0, 6.0, 4.0, 1.0])
+    sigma = np.linalg.svd(token_matrix(V, binomial), compute_uv=False)
+    assert condition[0] >= sigma[0] / sigma[-1] * (1 - 1e-12) and condition[0] >= condition[1]
+    assert np.allclose(worst_conditioned_tokens(cayley_dickson_values(5, 5), 500, 1)[1], 1.0)
+
+
 def test_token_dependent_heads_refuse_a_family_that_misses_a_token():
     ssm = LinearSSM.random(3, 2, 2, seed=0)
     degenerate = np.stack([np.eye(2), np.diag([1.0, 0.5])])           # B(e_1) = [e_1, e_1]: rank 1
@@ -747,6 +821,20 @@ def test_prop_heads_needed_continuous_limit_converges_at_rate_one_over_n():
         deviations.append(np.abs(_relative_tails(ssm, n, H_max) - limit / limit[0]).max())
     assert deviations[2] < 1e-2
     assert deviations[1] < 0.35 * deviations[0] and deviations[2] < 0.35 * deviations[1]
+
+
+def test_prop_heads_needed_continuous_limit_short_and_long_windows():
+    # (b) As T → 0 the window sees K(t) ≈ K(0): the relative tail beyond one head vanishes like T.
+    # (c) For Hurwitz A_c, Γ_T → Γ_∞ as T → ∞: the relative tails stop changing.
+    A_c, B_c, C = s4d_continuous(8, 3, seed=2)
+    short = [continuous_head_errors(A_c, B_c, C, T, 2) for T in (1e-2, 1e-3)]
+    ratios = [tails[1] / tails[0] for tails in short]
+    assert ratios[1] < 0.2 * ratios[0] and ratios[1] < 1e-3
+    long = [continuous_head_errors(A_c, B_c, C, T, 8) for T in (100.0, 400.0)]
+    assert np.abs(long[0] / long[0][0] - long[1] / long[1][0]).max() < 2e-2
+    far = continuous_head_errors(A_c, B_c, C, 1600.0, 8)
+    assert np.abs(long[1] / long[1][0] - far / far[0]).max() < 0.3 * np.abs(long[0] / long[0][0]
+                                                                              - long[1] / long[1][0]).max()
 
 
 def test_prop_heads_needed_continuous_limit_counts_depend_on_n_and_rho_through_T():
@@ -853,7 +941,7 @@ SSM = LinearSSM.random(3, 2, 2, seed=0)
     (lambda: token_matrix(np.ones((2, 2, 3)), np.ones(2)), ValueError, "tokens must have shape"),
     (lambda: pointwise_lag_rank(SSM, 5, np.ones(3)), ValueError, "token must have shape"),
     (lambda: singular_token(np.ones((3, 3, 3)), np.zeros(3)), ValueError, "start must be a non-zero"),
-    (lambda: singular_token(np.ones((2, 3, 3)), np.ones(3)), ValueError, "H = p heads"),
+    (lambda: singular_token(np.ones((4, 4, 4)), np.ones(4)), ValueError, "H < max"),
     (lambda: singular_token(np.ones((3, 3, 3)), np.ones(3), np.ones(3)), ValueError, "direction must not"),
     (lambda: continuous_head_errors(-np.eye(2), np.ones((2, 1)), np.ones((1, 2)), 1.0, 1), ValueError,
      "repeated eigenvalues"),
