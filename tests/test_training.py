@@ -193,8 +193,10 @@ def test_check_device_resolves_available_accelerators(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert check_device("cuda") == torch.device("cuda", 1)
     assert check_device("cuda:0") == torch.device("cuda", 0)
-    with pytest.raises(ValueError, match="device 'cuda:5' does not exist: this machine has 2 cuda"):
-        check_device("cuda:5")
+    assert check_device("cuda:1") == torch.device("cuda", 1)
+    for missing in ("cuda:2", "cuda:5"):                 # indices 0 and 1 exist, 2 does not
+        with pytest.raises(ValueError, match=f"device '{missing}' does not exist: this machine has 2 cuda"):
+            check_device(missing)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="is not available on this machine"):
         check_device("cuda")
