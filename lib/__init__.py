@@ -14,12 +14,18 @@ from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, is_causal, operator_norms, toeplitz_operator
 from .recurrent import ElmanRNN
 from .spans import (OperatorSpan, PointwiseMultiple, interaction_rank, interaction_span, operator_span,
-                    pointwise_multiple, sine_to_line)
+                    pointwise_multiple, pointwise_witness, sine_to_line)
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .zoo import Architecture, architecture_zoo
 from .heads import (TokenDependentHeads, heads_from_ssm, heads_needed, lag_matrix, lag_span_bound, min_heads,
                     minimal_polynomial_degree, optimal_head_errors, population_error, s4d_ssm,
                     truncated_heads)
+from .heads import (HeadFit, MapHeadBounds, SampledErrors, SingleHeadFit, cayley_dickson_values, complex_values,
+                    composition_defect, continuous_head_errors, fit_heads, lag_energy_count, map_head_bounds,
+                    modal_lag_span_dimension, nonsingular_dimension_bounds, nonsingular_values, pointwise_lag_rank,
+                    polynomial_values, s4d_continuous, s4d_step, sampled_head_errors, singular_token,
+                    token_dependent_single_head, token_matrix, SingleTokenWitness,
+                    single_head_witness, token_miss, worst_conditioned_tokens)
 from .training import FactorizedStudent, SoftmaxStudent, TrainResult, held_out_error, train, train_factorized
 from .gradients import (DecayBound, DecayFit, SelectivePath, fit_decay_rate, gate_closing_input, gradient_reach,
                         jacobian_blocks, jacobian_norms, lag_norms, one_hop, planted_key_input, rnn_jacobian,
@@ -55,6 +61,7 @@ __all__ = [
     "sine_to_line",
     "PointwiseMultiple",
     "pointwise_multiple",
+    "pointwise_witness",
     # checks
     "relative_error",
     "identity_error",
@@ -73,6 +80,34 @@ __all__ = [
     "population_error",
     "TokenDependentHeads",
     "s4d_ssm",
+    "s4d_continuous",
+    "s4d_step",
+    # heads: optimiser and sampling routes, the head count's dependence on the spectrum
+    "HeadFit",
+    "fit_heads",
+    "SampledErrors",
+    "sampled_head_errors",
+    "lag_energy_count",
+    "modal_lag_span_dimension",
+    "continuous_head_errors",
+    # heads: token-dependent coefficients (single head on generic inputs, the map-level count)
+    "SingleHeadFit",
+    "token_dependent_single_head",
+    "SingleTokenWitness",
+    "single_head_witness",
+    "polynomial_values",
+    "complex_values",
+    "cayley_dickson_values",
+    "nonsingular_values",
+    "nonsingular_dimension_bounds",
+    "composition_defect",
+    "token_matrix",
+    "worst_conditioned_tokens",
+    "pointwise_lag_rank",
+    "MapHeadBounds",
+    "map_head_bounds",
+    "singular_token",
+    "token_miss",
     # training students
     "FactorizedStudent",
     "SoftmaxStudent",

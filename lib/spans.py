@@ -19,7 +19,7 @@ import torch
 from ._validation import as_real_tensor, as_sequence, check_rtol, check_shape
 
 __all__ = ["OperatorSpan", "operator_span", "interaction_span", "interaction_rank",
-           "sine_to_line", "PointwiseMultiple", "pointwise_multiple"]
+           "sine_to_line", "PointwiseMultiple", "pointwise_multiple", "pointwise_witness"]
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,54 @@ def pointwise_multiple(L: Any, V: Any, inputs: Any) -> PointwiseMultiple:
     scale = np.abs(defined).max() if len(defined) else 0.0
     spread = float((defined.max() - defined.min()) / scale) if scale > 0 else float("nan")
     return PointwiseMultiple(largest_sine=float(_row_sines(Lu, Vu).max()), factors=factors, factor_spread=spread)
+
+
+def pointwise_witness(L: Any, V: Any, rtol: float = 1e-10) -> np.ndarray | None:
+    """A unit vector u with L u ∉ span{V u}, or None when L is a multiple of V.
+
+    The contrapositive of {prf:ref}`lem-pointwise-multiple`, made constructive by
+    following its proof.  L is taken to be a multiple of V when
+    ‖L − cV‖_F <= rtol · ‖L‖_F for c = ⟨L, V⟩_F / ‖V‖²_F (or L = 0); otherwise the
+    candidates are, in the proof's order:
+
+    1. a direction of ker V on which L is not zero (there V u = 0 ≠ L u; sine 1);
+    2. for rank V = 1, V = σ v aᵀ: u = a (then L a ∉ span{v});
+    3. for rank V >= 2: the right singular vectors w_r of V (w_1 = a in case 2), and the sums w_r + w_s
+       (if every L w_r = c_r V w_r with one common c_r, L = cV on the row space and on
+       ker V, so some c_r ≠ c_s, and then L(w_r + w_s) ∉ span{V(w_r + w_s)}).
+
+    The candidate with the largest `sine_to_line(L u, V u)` is returned, the sine
+    measured with V truncated to its numerical rank (singular values <= rtol·σ_max set
+    to 0), so that V u = 0 exactly on the numerical kernel.  Random probes
+    cannot replace this: for V = v aᵀ and L = v bᵀ (b not parallel to a), L u lies on
+    the line of V u for every u off the hyperplane aᵀu = 0, and only u ∈ ker V is a witness.
+
+    Args:
+        L, V: operators of the same shape (p, d).
+        rtol: relative tolerance of the multiple test and of the rank of V, 0 < rtol < 1.
+
+    Returns:
+        u of shape (d,) with ‖u‖ = 1, or None.
+    """
+    rtol = check_rtol(rtol)
+    dims: dict[str, int] = {}
+    L, V = (_as_float64(value, name, ("p", "d"), dims) for value, name in ((L, "L"), (V, "V")))
+    norm_L, energy_V = np.linalg.norm(L), float((V * V).sum())
+    c = float((L * V).sum()) / energy_V if energy_V > 0 else 0.0
+    if norm_L == 0 or np.linalg.norm(L - c * V) <= rtol * norm_L:
+        return None
+    left, sigma, rows = np.linalg.svd(V)                      # rows: right singular vectors (d, d)
+    rank = int((sigma > rtol * sigma[0]).sum()) if sigma.size and sigma[0] > 0 else 0
+    # Images under the rank-`rank` V: σ_r (left_r) on w_r for r < rank, exactly 0 on the kernel.
+    images = np.zeros((V.shape[1], V.shape[0]))
+    images[:rank] = (left[:, :rank] * sigma[:rank]).T
+    pairs = [(r, q) for r in range(rank) for q in range(r + 1, rank)]
+    candidates = np.concatenate([rows, [rows[r] + rows[q] for r, q in pairs]]) if pairs else rows
+    V_images = np.concatenate([images, [images[r] + images[q] for r, q in pairs]]) if pairs else images
+    scale = np.linalg.norm(candidates, axis=1, keepdims=True)
+    candidates, V_images = candidates / scale, V_images / scale
+    sines = _row_sines(candidates @ L.T, V_images)
+    return candidates[int(np.argmax(sines))]
 
 
 def _sequences(inputs: Any, d: int) -> Iterable[torch.Tensor]:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from lib import (Dense, LinearSSM, OperatorSpan, SoftmaxAttention, interaction_rank, interaction_span, operator_span,
                  pointwise_multiple, sine_to_line)
+from lib.spans import pointwise_witness
 
 
 def random_rank_r(rng, m, p, d, r):
@@ -156,6 +157,65 @@ def test_lem_pointwise_multiple_fails_pointwise_when_L_is_not_a_multiple():
     probe = pointwise_multiple(L, V, us)
     assert probe.largest_sine == pytest.approx(max(sines), rel=1e-10)
     assert probe.factor_spread > 1e-2
+
+
+def _exact_sine(a, b):
+    # Distance of a from span{b} relative to ‖a‖, from a least-squares solve (b = 0: the line is {0}).
+    if not np.any(b):
+        return 1.0 if np.any(a) else 0.0
+    c = np.linalg.lstsq(b[:, None], a, rcond=None)[0]
+    return float(np.linalg.norm(a - b * c) / np.linalg.norm(a))
+
+
+def _pairs_not_multiples():
+    # Pairs (L, V) with L ∉ span{V}, chosen to stress the lemma's case analysis.  V is exactly of the
+    # stated rank in floating point (integer or structured entries).
+    rng = np.random.default_rng(11)
+    v = np.array([1.0, 2.0, 3.0])
+    return {
+        "hidden kernel: V = v e_1ᵀ, L = v (e_1 + e_2)ᵀ": (np.outer(v, [1.0, 1.0, 0.0]), np.outer(v, [1.0, 0.0, 0.0])),
+        "rank 1, different range": (np.outer([1.0, 0.0, 1.0], [1.0, 0.0, 0.0]), np.outer(v, [1.0, 0.0, 0.0])),
+        "rank 2, L = 3V off the kernel, differs on it": (3 * np.diag([1.0, 2.0, 0.0]) + np.outer([1.0, 0, 0], [0, 0, 1.0]),
+                                                           np.diag([1.0, 2.0, 0.0])),
+        "rank 3, two factors": (np.diag([1.0, 2.0, 3.5]), np.diag([1.0, 2.0, 3.0])),
+        "V = 0": (rng.standard_normal((2, 3)), np.zeros((2, 3))),
+        "random": (rng.standard_normal((3, 3)), rng.standard_normal((3, 3))),
+        "near multiple": (2 * np.eye(3) + 1e-6 * rng.standard_normal((3, 3)), np.eye(3)),
+        "2 x 2 rotation vs identity": (np.array([[0.0, -1.0], [1.0, 0.0]]), np.eye(2)),
+        "p != d": (rng.standard_normal((2, 4)), np.outer([1.0, 2.0], [1.0, 0.0, -1.0, 0.0])),
+    }
+
+
+@pytest.mark.parametrize("case", list(_pairs_not_multiples()))
+def test_lem_pointwise_multiple_contrapositive_witness_breaks_collinearity(case):
+    # L ∉ span{V}: pointwise_witness returns u with L u off the line of V u; the sine is recomputed
+    # here by least squares on the exact V.  In the hidden-kernel case random probes see sine 0
+    # (L u ∥ V u for every u off the hyperplane u_1 = 0), so the witness is not found by sampling.
+    L, V = _pairs_not_multiples()[case]
+    assert operator_span(np.stack([L, V])).dim == 2 or not np.any(V)
+    u = pointwise_witness(L, V)
+    assert u is not None and np.linalg.norm(u) == pytest.approx(1.0)
+    sine = _exact_sine(L @ u, V @ u)
+    assert sine > (1e-7 if case == "near multiple" else 1e-2)
+    if case.startswith("hidden kernel"):
+        probes = np.random.default_rng(0).standard_normal((1000, 3))
+        assert pointwise_multiple(L, V, probes).largest_sine < 1e-12
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_lem_pointwise_multiple_no_witness_for_multiples(rank):
+    rng = np.random.default_rng(rank)
+    V = rng.standard_normal((3, rank)) @ rng.standard_normal((rank, 4))
+    for c in (-1.7, 0.0, 2.5):
+        assert pointwise_witness(c * V, V) is None
+    assert pointwise_witness(np.zeros((3, 4)), np.zeros((3, 4))) is None
+
+
+def test_pointwise_witness_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match=re.escape("V must have shape (p, d) = (2, 2)")):
+        pointwise_witness(np.eye(2), np.eye(3))
+    with pytest.raises(ValueError, match="rtol must"):
+        pointwise_witness(np.eye(2), np.eye(2), rtol=0)
 
 
 @settings(max_examples=50, deadline=None)
