@@ -1,11 +1,8 @@
 """Multi-head softmax attention and linear attention: the factorized class's archetypes.
 
-Both mix tokens through per-head scalar weights α^h_ij(X) applied to shared
-value maps V_h = W_O^h W_V^h ∈ ℝ^{p×d}:
-
-    y_i = Σ_h W_O^h Σ_j α^h_ij W_V^h x_j,   so   𝒲_ij(X) = Σ_h α^h_ij(X) V_h,
-
-which is {prf:ref}`def-factorized` with H heads.  They differ only in α.
+Both mix tokens through per-head weights α^h_ij(X) applied to shared value maps
+V_h = W_O^h W_V^h ∈ ℝ^{p×d}: y_i = Σ_h W_O^h Σ_j α^h_ij W_V^h x_j, so
+𝒲_ij(X) = Σ_h α^h_ij(X) V_h ({prf:ref}`def-factorized` with H heads). They differ only in α.
 """
 
 from __future__ import annotations
@@ -16,34 +13,22 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ._validation import as_parameter, check_int, resolve_dtype
-from .base import SequenceMap, _to_numpy
+from ._validation import check_int, resolve_dtype
+from .base import SequenceMap, _view
 from .factorized import factorized_operator
-
-__all__ = ["SoftmaxAttention", "LinearAttention"]
 
 
 class _MultiHead(SequenceMap):
-    """Projections, value maps and the factorized operator shared by both attentions.
-
-    Args:
-        W_Q: queries, shape (H, d_k, d).   W_K: keys, shape (H, d_k, d).
-        W_V: values, shape (H, d_v, d).    W_O: output maps, shape (H, p, d_v).
-        causal: if True, token i attends only to j ≤ i.
-    """
+    """Projections W_Q, W_K (H, d_k, d), W_V (H, d_v, d), W_O (H, p, d_v) and the operator."""
 
     def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, causal: bool, dtype: Any) -> None:
-        dtype = resolve_dtype(dtype)
+        super().__init__(resolve_dtype(dtype))
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-        dims: dict[str, int] = {}
-        self._W_Q = as_parameter(W_Q, "W_Q", ("H", "d_k", "d"), dims, dtype=dtype)
-        self._W_K = as_parameter(W_K, "W_K", ("H", "d_k", "d"), dims, dtype=dtype)
-        self._W_V = as_parameter(W_V, "W_V", ("H", "d_v", "d"), dims, dtype=dtype)
-        self._W_O = as_parameter(W_O, "W_O", ("H", "p", "d_v"), dims, dtype=dtype)
-        self.H, self.d_k, self.d_v = dims["H"], dims["d_k"], dims["d_v"]
+        dims = self._set_parameters(W_Q=(W_Q, ("H", "d_k", "d")), W_K=(W_K, ("H", "d_k", "d")),
+                                    W_V=(W_V, ("H", "d_v", "d")), W_O=(W_O, ("H", "p", "d_v")))
+        self.d, self.p, self.H, self.d_k, self.d_v = (dims[k] for k in ("d", "p", "H", "d_k", "d_v"))
         self.causal = causal
-        super().__init__(dims["d"], dims["p"], dtype)
 
     @classmethod
     def _random_projections(cls, d: int, p: int, heads: int, d_k: int | None, d_v: int | None, seed: Any) -> dict:
@@ -52,40 +37,33 @@ class _MultiHead(SequenceMap):
         d_k = max(1, d // heads) if d_k is None else check_int(d_k, "d_k")
         d_v = max(1, d // heads) if d_v is None else check_int(d_v, "d_v")
         rng = np.random.default_rng(seed)
-        return {
-            "W_Q": rng.standard_normal((heads, d_k, d)) / np.sqrt(d),
-            "W_K": rng.standard_normal((heads, d_k, d)) / np.sqrt(d),
-            "W_V": rng.standard_normal((heads, d_v, d)) / np.sqrt(d),
-            "W_O": rng.standard_normal((heads, p, d_v)) / np.sqrt(heads * d_v),
-        }
+        shapes = {"W_Q": (d_k, d, d), "W_K": (d_k, d, d), "W_V": (d_v, d, d), "W_O": (p, d_v, heads * d_v)}
+        return {name: rng.standard_normal((heads, rows, cols)) / np.sqrt(fan_in)
+                for name, (rows, cols, fan_in) in shapes.items()}
 
     @property
     def W_Q(self) -> np.ndarray:
-        """Query projections, shape (H, d_k, d)."""
-        return _to_numpy(self._W_Q)
+        return _view(self._W_Q)
 
     @property
     def W_K(self) -> np.ndarray:
-        """Key projections, shape (H, d_k, d)."""
-        return _to_numpy(self._W_K)
+        return _view(self._W_K)
 
     @property
     def W_V(self) -> np.ndarray:
-        """Value projections, shape (H, d_v, d)."""
-        return _to_numpy(self._W_V)
+        return _view(self._W_V)
 
     @property
     def W_O(self) -> np.ndarray:
-        """Output maps, shape (H, p, d_v)."""
-        return _to_numpy(self._W_O)
+        return _view(self._W_O)
 
     def values(self) -> np.ndarray:
         """The shared value maps V_h = W_O^h W_V^h, shape (H, p, d)."""
-        return _to_numpy(self._values())
+        return self._values().detach().cpu().numpy()
 
     def weights(self, X: Any) -> torch.Tensor | np.ndarray:
-        """The attention weights α^h_ij(X), shape (H, n, n) or (b, H, n, n); zero for j > i if causal."""
-        return self._apply(self._weights, X)
+        """α^h_ij(X), shape (H, n, n) or (b, H, n, n); zero for j > i if causal."""
+        return self._at_edge(self._weights, X)
 
     def _values(self) -> torch.Tensor:
         return self._W_O @ self._W_V
@@ -98,79 +76,69 @@ class _MultiHead(SequenceMap):
         # Σ_h W_O^h (mixed values of head h): (b, H, n, d_v) -> (b, n, p).
         return torch.einsum("hpv,bhnv->bnp", self._W_O, mixed)
 
-    def _weights(self, X: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         return factorized_operator(self._weights(X), self._values())
 
     def _sizes(self) -> dict[str, int]:
         return {"H": self.H, "d_k": self.d_k, "d_v": self.d_v, **super()._sizes()}
 
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", causal={self.causal})"
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, causal={self.causal}"
 
 
 class SoftmaxAttention(_MultiHead):
-    """Multi-head (optionally causal) softmax attention, bias-free projections.
+    """Multi-head (optionally causal) softmax attention with bias-free projections.
 
-    Scores and weights per head h:
-
-        s^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i−j],   α^h_ij = softmax_j(s^h_ij),
-
-    with j restricted to j ≤ i when causal; y_i = Σ_h W_O^h Σ_j α^h_ij W_V^h x_j.
-    Implements {prf:ref}`prop-softmax-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h with
-    V_h = W_O^h W_V^h, so the interaction rank is at most H.
+    s^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i−j], α^h_ij = softmax_j(s^h_ij) (j ≤ i when
+    causal). Implements {prf:ref}`prop-softmax-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
 
     Args:
-        W_Q: shape (H, d_k, d).   W_K: shape (H, d_k, d).
-        W_V: shape (H, d_v, d).   W_O: shape (H, p, d_v).
-        causal: if True (default), token i attends only to j ≤ i.
-        position_bias: optional relative-position bias b, shape (H, n_max), b[h, ℓ]
-            added to the score at lag ℓ = i − j.  Only defined for causal attention
-            (lags are then 0..n−1) and limits sequences to n ≤ n_max.
-        dtype: computation dtype (default float64).
+        W_Q, W_K: shape (H, d_k, d).  W_V: shape (H, d_v, d).  W_O: shape (H, p, d_v).
+        causal: token i attends only to j ≤ i (default True).
+        position_bias: optional b, shape (H, n_max), added at lag i − j; causal only, and
+            limits sequences to n ≤ n_max.
     """
 
-    _QUERY_BLOCK = 512
+    _QUERY_BLOCK = 512  # queries per block: O(block · n) memory on long sequences
 
     def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, *, causal: bool = True,
                  position_bias: Any = None, dtype: Any = torch.float64) -> None:
         super().__init__(W_Q, W_K, W_V, W_O, causal, dtype)
-        self._bias = None
-        if position_bias is not None:
-            if not causal:
-                raise ValueError("position_bias is only supported with causal=True (lags i - j >= 0)")
-            self._bias = as_parameter(position_bias, "position_bias", ("H", "n_max"), {"H": self.H}, dtype=self.dtype)
-            self.max_length = self._bias.shape[1]
+        if position_bias is None:
+            self._position_bias = None
+        elif not causal:
+            raise ValueError("position_bias is only supported with causal=True (lags i - j >= 0)")
+        else:
+            dims = self._set_parameters({"H": self.H}, position_bias=(position_bias, ("H", "n_max")))
+            self.max_length = dims["n_max"]
 
     @classmethod
     def random(cls, d: int, p: int, heads: int = 1, *, d_k: int | None = None, d_v: int | None = None,
                causal: bool = True, seed: Any = 0, dtype: Any = torch.float64) -> "SoftmaxAttention":
-        """Gaussian projections (N(0, 1/d); W_O N(0, 1/(H d_v))), d_k = d_v = max(1, d // heads) by default."""
+        """Gaussian projections (W_Q, W_K, W_V: N(0, 1/d); W_O: N(0, 1/(H d_v))); d_k = d_v = d // H."""
         return cls(**cls._random_projections(d, p, heads, d_k, d_v, seed), causal=causal, dtype=dtype)
 
     @property
     def position_bias(self) -> np.ndarray | None:
         """b, shape (H, n_max), or None."""
-        return None if self._bias is None else _to_numpy(self._bias)
+        return None if self._position_bias is None else _view(self._position_bias)
 
     def scores(self, X: Any) -> torch.Tensor | np.ndarray:
-        """The pre-softmax scores s^h_ij(X), shape (H, n, n) or (b, H, n, n); −inf for j > i if causal."""
-        return self._apply(self._scores, X)
+        """s^h_ij(X), shape (H, n, n) or (b, H, n, n); −inf for j > i if causal."""
+        return self._at_edge(self._scores, X)
 
     def _scores(self, X: torch.Tensor) -> torch.Tensor:
         Q, K, _ = self._project(X)
         return self._score_rows(Q, K, 0)
 
     def _score_rows(self, Q: torch.Tensor, K: torch.Tensor, start: int) -> torch.Tensor:
-        # Scores of the queries Q (b, H, m, d_k), at positions start..start+m−1, against all keys.
+        # Scores of queries Q (b, H, m, d_k) at positions start.. against all keys.
         s = Q @ K.transpose(-1, -2) / math.sqrt(self.d_k)
         if self.causal:
             lag = (torch.arange(start, start + Q.shape[2], device=Q.device)[:, None]
                    - torch.arange(K.shape[2], device=K.device)[None, :])
-            if self._bias is not None:
-                s = s + self._bias[:, lag.clamp(min=0)]
+            if self._position_bias is not None:
+                s = s + self._position_bias[:, lag.clamp(min=0)]
             s = s.masked_fill(lag < 0, -math.inf)
         return s
 
@@ -179,41 +147,31 @@ class SoftmaxAttention(_MultiHead):
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         Q, K, V = self._project(X)
-        # Blocks of queries keep memory at O(block · n) per head on long sequences.
         mixed = [torch.softmax(self._score_rows(Q[:, :, start:start + self._QUERY_BLOCK], K, start), dim=-1) @ V
                  for start in range(0, X.shape[1], self._QUERY_BLOCK)]
         return self._output(torch.cat(mixed, 2))
 
 
 def elu_plus_one(u: torch.Tensor) -> torch.Tensor:
-    """φ(u) = elu(u) + 1 > 0, the feature map of Katharopoulos et al. (2020).
+    """φ(u) = elu(u) + 1 > 0 (Katharopoulos et al. 2020), as u + 1 for u > 0 and e^u below.
 
-    Computed as u + 1 for u > 0 and e^u for u <= 0: the literal (e^u − 1) + 1 loses the
-    relative accuracy of e^u for u ≪ 0 (about 1e-3 at u = −30) and rounds it to 0 below
-    u ≈ −37, which would zero the normaliser of a query far sooner than e^u underflows.
+    The literal (e^u − 1) + 1 loses e^u's relative accuracy for u ≪ 0 and is 0 below u ≈ −37.
     """
     return torch.where(u > 0, u + 1, torch.exp(torch.clamp(u, max=0.0)))
 
 
 class LinearAttention(_MultiHead):
-    """Multi-head linear attention (Katharopoulos et al. 2020), bias-free projections.
+    """Multi-head linear attention (Katharopoulos et al. 2020) with a positive feature map φ.
 
-    With a positive feature map φ (default elu + 1), q_i = W_Q^h x_i, k_j = W_K^h x_j:
-
-        α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'})      (j, j' ≤ i when causal),
-
-    computed in the forward pass without forming α, from running sums
-    S_i = Σ_{j≤i} φ(k_j)(W_V^h x_j)ᵀ and z_i = Σ_{j≤i} φ(k_j):
-    y_i = Σ_h W_O^h S_iᵀφ(q_i) / (φ(q_i)ᵀ z_i) (full sums when not causal).
+    α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'}) (j, j' ≤ i when causal); the forward pass
+    uses running sums S_i = Σ_{j≤i} φ(k_j)(W_V x_j)ᵀ, z_i = Σ_{j≤i} φ(k_j) and never forms α.
     Implements {prf:ref}`prop-linear-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
 
     Args:
-        W_Q: shape (H, d_k, d).   W_K: shape (H, d_k, d).
-        W_V: shape (H, d_v, d).   W_O: shape (H, p, d_v).
-        causal: if True (default), token i attends only to j ≤ i.
-        feature_map: a torch function applied elementwise to queries and keys; its
-            values must be positive (ValueError otherwise, when a normaliser is <= 0).
-        dtype: computation dtype (default float64).
+        W_Q, W_K: shape (H, d_k, d).  W_V: shape (H, d_v, d).  W_O: shape (H, p, d_v).
+        causal: token i attends only to j ≤ i (default True).
+        feature_map: elementwise torch function with positive values (default elu + 1);
+            a normaliser <= 0 raises ValueError.
     """
 
     def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, *, causal: bool = True,
@@ -258,5 +216,4 @@ class LinearAttention(_MultiHead):
         else:
             S, z = S.sum(2, keepdim=True), phi_k.sum(2, keepdim=True)
         numerator = torch.einsum("bhnk,bhnkv->bhnv", phi_q, S.expand(*phi_q.shape, V.shape[-1]))
-        normaliser = (phi_q * z).sum(-1, keepdim=True)
-        return self._output(self._normalise(numerator, normaliser))
+        return self._output(self._normalise(numerator, (phi_q * z).sum(-1, keepdim=True)))

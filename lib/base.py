@@ -1,118 +1,93 @@
-"""The base class of every sequence map in the book.
+"""The base class of every sequence map in the book: a torch module with an operator.
 
-A sequence map ({prf:ref}`def-sequence-map`) takes X of shape (n, d) or (b, n, d)
-to Y of shape (n, p) or (b, n, p) and exposes its interaction operator
-({prf:ref}`def-interaction-operator`) of shape (n, n, p, d) or (b, n, n, p, d), so that
+A sequence map ({prf:ref}`def-sequence-map`) takes X of shape (n, d) or (b, n, d) to Y of
+shape (n, p) or (b, n, p) and exposes its interaction operator
+({prf:ref}`def-interaction-operator`), of shape (n, n, p, d) or (b, n, n, p, d), so that
+``model(X) == apply_operator(model.operator(X), X)``. The object that computes the operator
+is the object that trains: every model is a ``torch.nn.Module`` whose parameters are its
+math (``LinearSSM`` holds A, B, C), frozen until ``lib.fit`` trains them.
 
-    model(X) == apply_operator(model.operator(X), X).
-
-Conventions shared by all models:
-
-- inputs are numpy arrays or torch tensors (lists of floats are converted);
-  numpy in → numpy out, torch in → torch out (differentiable with autograd);
-- computation happens in the model's dtype (float64 unless `dtype=` asked for
-  float32); inputs of another floating dtype are cast;
-- parameters passed as torch tensors are used as given, so gradients flow into them;
-- every model has a seeded constructor `Model.random(..., seed=0)`.
-
-Subclasses implement the batched torch methods `_forward(X) -> (b, n, p)` and
-`_operator(X) -> (b, n, n, p, d)` for X of shape (b, n, d), already validated.
+Conventions: numpy in → numpy out (computed without autograd), torch in → torch out
+(differentiable); computation in the model's dtype, float64 unless ``dtype=float32``;
+arguments are checked once, where a public method is entered. Subclasses implement
+``_forward(X)`` and ``_operator(X)`` for a checked X of shape (b, n, d).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from ._validation import as_sequence, to_output
-
-__all__ = ["SequenceMap"]
+from ._validation import as_parameter, as_sequence, to_output
 
 
-class SequenceMap:
+class SequenceMap(torch.nn.Module):
     """A map X ↦ Y with an interaction operator; see the module docstring.
 
-    Attributes:
-        d: input width.
-        p: output width.
-        dtype: torch dtype of the computation (torch.float64 by default).
-        causal: whether 𝒲_ij(X) = 0 for j > i for every X ({prf:ref}`def-causal`).
-        max_length: longest sequence the model accepts (None: unlimited).
+    Attributes: d (input width), p (output width), dtype, causal ({prf:ref}`def-causal`),
+    max_length (longest accepted n, None for any).
     """
 
     causal: bool = True
     max_length: int | None = None
 
-    def __init__(self, d: int, p: int, dtype: torch.dtype) -> None:
-        self._d = int(d)
-        self._p = int(p)
-        self._dtype = dtype
+    def __init__(self, dtype: torch.dtype, d: int = 0, p: int = 0) -> None:
+        super().__init__()
+        self.dtype, self.d, self.p = dtype, int(d), int(p)
 
-    @property
-    def d(self) -> int:
-        """Input width: tokens x_j ∈ ℝ^d."""
-        return self._d
-
-    @property
-    def p(self) -> int:
-        """Output width: outputs y_i ∈ ℝ^p."""
-        return self._p
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The torch dtype of parameters and computation."""
-        return self._dtype
-
-    def __call__(self, X: Any) -> torch.Tensor | np.ndarray:
-        """Y = model(X).
-
-        Args:
-            X: shape (n, d) or (b, n, d); numpy array or torch tensor.
-
-        Returns:
-            Y, shape (n, p) or (b, n, p), of the same kind as X.
-        """
-        return self._apply(self._forward, X)
+    def forward(self, X: Any, **options) -> torch.Tensor | np.ndarray:
+        """Y = model(X): X of shape (n, d) or (b, n, d) → Y of shape (n, p) or (b, n, p)."""
+        return self._at_edge(self._forward, X, options)
 
     def operator(self, X: Any) -> torch.Tensor | np.ndarray:
-        """The interaction operator 𝒲(X) ({prf:ref}`def-interaction-operator`).
+        """𝒲(X) with W[..., i, j, :, :] = 𝒲_ij(X), shape (n, n, p, d) or (b, n, n, p, d)."""
+        return self._at_edge(self._operator, X)
 
-        Args:
-            X: shape (n, d) or (b, n, d); numpy array or torch tensor.
-
-        Returns:
-            W with W[..., i, j, :, :] = 𝒲_ij(X), shape (n, n, p, d) or (b, n, n, p, d),
-            of the same kind as X.
-        """
-        return self._apply(self._operator, X)
-
-    def _apply(self, method: Callable[[torch.Tensor], Any], X: Any) -> Any:
-        # Validate X, run a batched torch method, and hand back the caller's kind and batching.
+    def _at_edge(self, compute, X: Any, options: dict | None = None) -> Any:
+        # Check X once, run the batched torch method, hand back the caller's kind and batching.
         X, batched, was_torch = as_sequence(X, self.d, dtype=self.dtype, max_length=self.max_length)
-        out = method(X)
+        with torch.set_grad_enabled(was_torch and torch.is_grad_enabled()):
+            out = compute(X, **(options or {}))
         if isinstance(out, tuple):
             return tuple(to_output(t if batched else t[0], was_torch) for t in out)
         return to_output(out if batched else out[0], was_torch)
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
-        # (b, n, d) -> (b, n, p), in torch, differentiable.
         raise NotImplementedError
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
-        # (b, n, d) -> (b, n, n, p, d), in torch, differentiable where 𝒲 depends smoothly on X.
         raise NotImplementedError
 
+    def _set_parameters(self, dims: dict[str, int] | None = None, may_be_empty: tuple[str, ...] = (),
+                        **named: tuple[Any, tuple]) -> dict[str, int]:
+        """Register ``name=(value, shape)`` as the parameter ``_<name>``, checking the shape.
+
+        Arrays become new parameters, frozen until training asks for gradients (``fit`` or
+        ``model.requires_grad_()``), so numerics on torch inputs carry no parameter graph; a
+        torch tensor that requires grad is used as given, so gradients flow back into it.
+        Returns the sizes the symbolic shapes bind (N, d, p, ...).
+        """
+        dims = {} if dims is None else dims
+        for name, (value, shape) in named.items():
+            tensor = as_parameter(value, name, shape, dims, dtype=self.dtype, may_be_empty=may_be_empty)
+            if tensor.requires_grad:
+                setattr(self, f"_{name}", tensor)
+            else:
+                self.register_parameter(f"_{name}", torch.nn.Parameter(tensor.clone(), requires_grad=False))
+        return dims
+
+    def extra_repr(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self._sizes().items())
+        return f"{sizes}, dtype={str(self.dtype).removeprefix('torch.')}"
+
     def _sizes(self) -> dict[str, int]:
-        # Sizes shown by repr; subclasses add theirs (N, heads, ...).
         return {"d": self.d, "p": self.p}
 
-    def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in self._sizes().items())
-        return f"{type(self).__name__}({sizes}, dtype={str(self.dtype).removeprefix('torch.')})"
 
-
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    # Parameters are handed to readers as independent numpy copies.
-    return tensor.detach().cpu().numpy().copy()
+def _view(tensor: torch.Tensor) -> np.ndarray:
+    """A read-only numpy view of a parameter (no copy; writing to it raises)."""
+    array = tensor.detach().cpu().numpy()
+    array.flags.writeable = False
+    return array

@@ -16,13 +16,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._convolution import fft_causal_conv
 from ._validation import as_parameter, check_choice, check_int, check_real, resolve_dtype
-from .base import SequenceMap, _to_numpy
+from .base import SequenceMap, _view
 from .factorized import factorized_operator
 from .operators import _toeplitz
-
-__all__ = ["LinearSSM", "SelectiveSSM", "SSD"]
 
 
 def _powers_times(A: torch.Tensor, M: torch.Tensor, n: int) -> torch.Tensor:
@@ -47,6 +44,11 @@ def _affine_loop(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.stack(states, 1)
 
 
+def _softplus(z: torch.Tensor) -> torch.Tensor:
+    # torch returns z itself above its default threshold 20 (an error e^-20 in Δ); at 40 it is below rounding.
+    return F.softplus(z, threshold=40.0)
+
+
 def _random_step_biases(rng: np.random.Generator, step_range: Any, size: int) -> np.ndarray:
     """Biases b with softplus(b) log-uniform in step_range (Mamba's Δ initialisation)."""
     if not isinstance(step_range, (tuple, list)) or len(step_range) != 2:
@@ -62,19 +64,10 @@ class _Routed(SequenceMap):
 
     METHODS: tuple[str, ...] = ("auto", "recurrence", "scan")
 
-    def __call__(self, X: Any, method: str = "auto") -> torch.Tensor | np.ndarray:
-        """Y = model(X), computed by the chosen route (see the class docstring).
-
-        Args:
-            X: shape (n, d) or (b, n, d); numpy array or torch tensor.
-            method: one of METHODS; "auto" picks the fastest route.  All routes
-                agree to ~1e-12 relative in float64 and all are differentiable.
-
-        Returns:
-            Y, shape (n, p) or (b, n, p), of the same kind as X.
-        """
-        method = check_choice(method, "method", self.METHODS)
-        return self._apply(lambda X: self._forward(X, method), X)
+    def forward(self, X: Any, method: str = "auto") -> torch.Tensor | np.ndarray:
+        """Y = model(X) by the chosen route ("auto" picks the fastest; all agree to ~1e-12
+        relative in float64 and all are differentiable)."""
+        return super().forward(X, method=check_choice(method, "method", self.METHODS))
 
 
 class _TimeChunks:
@@ -143,34 +136,25 @@ class LinearSSM(_Routed):
 
     Implements {prf:ref}`def-lti-ssm` and {prf:ref}`prop-lti-ssm`: the operator is
     block Toeplitz, 𝒲_ij = L_{i−j} for j ≤ i and 0 for j > i, built from the lag
-    operators ({prf:ref}`def-lag-operators`)
+    operators ({prf:ref}`def-lti-ssm`)
 
         L_ℓ = C A^ℓ B ∈ ℝ^{p×d},   ℓ = 0, 1, 2, …
 
-    Forward routes (`model(X, method=...)`): "recurrence" (the reference loop),
-    "fft" (convolution with the lags), "scan" (chunks of 64 steps: a convolution
-    inside each chunk, a loop carrying the state across chunks), "auto"
-    (recurrence for n <= 256, scan otherwise: the faster routes on CPU).
+    Forward routes (``model(X, method=...)``): "recurrence" (the reference loop), "scan"
+    (chunks of 64 steps: a convolution with the lags inside each chunk, a loop carrying the
+    state across chunks), "auto" (recurrence for n <= 256, scan beyond: faster on CPU).
 
     Args:
-        A: state matrix, shape (N, N).
-        B: input matrix, shape (N, d).
-        C: output matrix, shape (p, N).
-        dtype: computation dtype (default float64).
+        A: shape (N, N).  B: shape (N, d).  C: shape (p, N).
     """
 
-    METHODS = ("auto", "recurrence", "fft", "scan")
-    _CHUNK = 64  # chunk length of the scan
-    _RECURRENCE_UP_TO = 256  # "auto" loops over shorter sequences (measured faster on CPU)
+    _CHUNK = 64
+    _RECURRENCE_UP_TO = 256
 
     def __init__(self, A: Any, B: Any, C: Any, *, dtype: Any = torch.float64) -> None:
-        dtype = resolve_dtype(dtype)
-        dims: dict[str, int] = {}
-        self._A = as_parameter(A, "A", ("N", "N"), dims, dtype=dtype)
-        self._B = as_parameter(B, "B", ("N", "d"), dims, dtype=dtype)
-        self._C = as_parameter(C, "C", ("p", "N"), dims, dtype=dtype)
-        self.N = dims["N"]
-        super().__init__(dims["d"], dims["p"], dtype)
+        super().__init__(resolve_dtype(dtype))
+        dims = self._set_parameters(A=(A, ("N", "N")), B=(B, ("N", "d")), C=(C, ("p", "N")))
+        self.d, self.p, self.N = dims["d"], dims["p"], dims["N"]
 
     # -- constructors -------------------------------------------------------
 
@@ -292,22 +276,17 @@ class LinearSSM(_Routed):
             A, B = top[:, :N], top[:, N:]
         return cls(A, B, C_c, dtype=dtype)
 
-    # -- parameters ---------------------------------------------------------
-
     @property
     def A(self) -> np.ndarray:
-        """State matrix, shape (N, N)."""
-        return _to_numpy(self._A)
+        return _view(self._A)
 
     @property
     def B(self) -> np.ndarray:
-        """Input matrix, shape (N, d)."""
-        return _to_numpy(self._B)
+        return _view(self._B)
 
     @property
     def C(self) -> np.ndarray:
-        """Output matrix, shape (p, N)."""
-        return _to_numpy(self._C)
+        return _view(self._C)
 
     @property
     def spectral_radius(self) -> float:
@@ -315,18 +294,11 @@ class LinearSSM(_Routed):
         return float(torch.linalg.eigvals(self._A.detach()).abs().max())
 
     def lags(self, n: int) -> np.ndarray:
-        """Lag operators L_ℓ = C A^ℓ B for ℓ = 0..n−1 ({prf:ref}`def-lag-operators`).
+        """L_ℓ = C A^ℓ B for ℓ = 0..n−1 ({prf:ref}`def-lti-ssm`), shape (n, p, d).
 
-        Computed as C (A^ℓ B) with the A^ℓ B formed by doubling: O(N² d n) work in
-        O(log n) batched products, fast for n in the tens of thousands.
-
-        Args:
-            n: number of lags.
-
-        Returns:
-            L, numpy array of shape (n, p, d).
+        A^ℓ B by doubling: O(N² d n) work in O(log n) batched products.
         """
-        return _to_numpy(self._lags(check_int(n, "n")))
+        return self._lags(check_int(n, "n")).detach().cpu().numpy()
 
     def _lags(self, n: int) -> torch.Tensor:
         return self._C @ _powers_times(self._A, self._B, n)
@@ -336,7 +308,7 @@ class LinearSSM(_Routed):
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         if method == "auto":
             method = "recurrence" if X.shape[1] <= self._RECURRENCE_UP_TO else "scan"
-        return {"recurrence": self._recurrence, "fft": self._fft, "scan": self._scan}[method](X)
+        return self._recurrence(X) if method == "recurrence" else self._scan(X)
 
     def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
         s = X.new_zeros(X.shape[0], self.N)
@@ -345,9 +317,6 @@ class LinearSSM(_Routed):
             s = s @ self._A.T + u
             states.append(s)
         return torch.stack(states, 1) @ self._C.T
-
-    def _fft(self, X: torch.Tensor) -> torch.Tensor:
-        return fft_causal_conv(X, self._lags(X.shape[1]), "fpd,bfd->bfp")
 
     def _scan(self, X: torch.Tensor) -> torch.Tensor:
         b, n, d = X.shape
@@ -394,9 +363,6 @@ class SelectiveSSM(_Routed):
     i.e. "C_i A_i ⋯ A_{j+1} B_j" with input-dependent factors evaluated at X.
     Deviations from the Mamba block: no D skip connection, no z gate, no
     convolution or in/out projections, and a full-rank W_Δ (Mamba's is low rank).
-    Δ uses torch's softplus, which returns z itself for z > 20: an absolute error
-    below e^{-20} ≈ 2e-9 in Δ, hence relative errors up to about |A| Σ_t 2e-9 in
-    the decays when pre-activations exceed 20 (large tokens).
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop over
     time), "scan" (a two-level chunked scan: ~2√n vectorised steps, forming only
@@ -411,15 +377,11 @@ class SelectiveSSM(_Routed):
 
     def __init__(self, A_log: Any, W_delta: Any, b_delta: Any, W_B: Any, W_C: Any, *,
                  dtype: Any = torch.float64) -> None:
-        dtype = resolve_dtype(dtype)
-        dims: dict[str, int] = {}
-        self._A_log = as_parameter(A_log, "A_log", ("d", "N"), dims, dtype=dtype)
-        self._W_delta = as_parameter(W_delta, "W_delta", ("d", "d"), dims, dtype=dtype)
-        self._b_delta = as_parameter(b_delta, "b_delta", ("d",), dims, dtype=dtype)
-        self._W_B = as_parameter(W_B, "W_B", ("N", "d"), dims, dtype=dtype)
-        self._W_C = as_parameter(W_C, "W_C", ("N", "d"), dims, dtype=dtype)
+        super().__init__(resolve_dtype(dtype))
+        dims = self._set_parameters(A_log=(A_log, ("d", "N")), W_delta=(W_delta, ("d", "d")),
+                                    b_delta=(b_delta, ("d",)), W_B=(W_B, ("N", "d")), W_C=(W_C, ("N", "d")))
+        self.d = self.p = dims["d"]
         self.N = dims["N"]
-        super().__init__(dims["d"], dims["d"], dtype)
 
     @classmethod
     def random(cls, d: int, N: int = 8, *, step_range: tuple[float, float] = (1e-3, 1e-1), seed: Any = 0,
@@ -436,32 +398,32 @@ class SelectiveSSM(_Routed):
     @property
     def A(self) -> np.ndarray:
         """A = −exp(A_log), shape (d, N)."""
-        return _to_numpy(-torch.exp(self._A_log))
+        return (-torch.exp(self._A_log)).detach().cpu().numpy()
 
     @property
     def A_log(self) -> np.ndarray:
         """A_log, shape (d, N)."""
-        return _to_numpy(self._A_log)
+        return _view(self._A_log)
 
     @property
     def W_delta(self) -> np.ndarray:
         """W_Δ, shape (d, d)."""
-        return _to_numpy(self._W_delta)
+        return _view(self._W_delta)
 
     @property
     def b_delta(self) -> np.ndarray:
         """b_Δ, shape (d,)."""
-        return _to_numpy(self._b_delta)
+        return _view(self._b_delta)
 
     @property
     def W_B(self) -> np.ndarray:
         """W_B, shape (N, d)."""
-        return _to_numpy(self._W_B)
+        return _view(self._W_B)
 
     @property
     def W_C(self) -> np.ndarray:
         """W_C, shape (N, d)."""
-        return _to_numpy(self._W_C)
+        return _view(self._W_C)
 
     def selection(self, X: Any) -> tuple:
         """The input-dependent (Δ_t, B_t, C_t) at X.
@@ -470,10 +432,10 @@ class SelectiveSSM(_Routed):
             Δ of shape (n, d), B of shape (n, N), C of shape (n, N) (with a leading
             batch axis for batched X), of the same kind as X.
         """
-        return self._apply(self._selection, X)
+        return self._at_edge(self._selection, X)
 
     def _selection(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        delta = F.softplus(X @ self._W_delta.T + self._b_delta)
+        delta = _softplus(X @ self._W_delta.T + self._b_delta)
         return delta, X @ self._W_B.T, X @ self._W_C.T
 
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
@@ -534,18 +496,13 @@ class SSD(_Routed):
 
     def __init__(self, A_log: Any, W_delta: Any, b_delta: Any, W_B: Any, W_C: Any, W_O: Any, *,
                  dtype: Any = torch.float64) -> None:
-        dtype = resolve_dtype(dtype)
-        dims: dict[str, int] = {}
-        self._A_log = as_parameter(A_log, "A_log", ("H",), dims, dtype=dtype)
-        self._W_delta = as_parameter(W_delta, "W_delta", ("H", "d"), dims, dtype=dtype)
-        self._b_delta = as_parameter(b_delta, "b_delta", ("H",), dims, dtype=dtype)
-        self._W_B = as_parameter(W_B, "W_B", ("N", "d"), dims, dtype=dtype)
-        self._W_C = as_parameter(W_C, "W_C", ("N", "d"), dims, dtype=dtype)
-        self._W_O = as_parameter(W_O, "W_O", ("p", "d"), dims, dtype=dtype)
+        super().__init__(resolve_dtype(dtype))
+        dims = self._set_parameters(A_log=(A_log, ("H",)), W_delta=(W_delta, ("H", "d")),
+                                    b_delta=(b_delta, ("H",)), W_B=(W_B, ("N", "d")), W_C=(W_C, ("N", "d")),
+                                    W_O=(W_O, ("p", "d")))
         if dims["d"] % dims["H"]:
             raise ValueError(f"A_log must have shape (H,) with H dividing d = {dims['d']}; got H = {dims['H']}")
-        self.N, self.H = dims["N"], dims["H"]
-        super().__init__(dims["d"], dims["p"], dtype)
+        self.d, self.p, self.N, self.H = dims["d"], dims["p"], dims["N"], dims["H"]
 
     @classmethod
     def random(cls, d: int, p: int, N: int = 8, heads: int = 1, *, step_range: tuple[float, float] = (1e-3, 1e-1),
@@ -563,41 +520,41 @@ class SSD(_Routed):
     @property
     def A_log(self) -> np.ndarray:
         """A_log, shape (H,); the decay rates are a_h = −exp(A_log[h])."""
-        return _to_numpy(self._A_log)
+        return _view(self._A_log)
 
     @property
     def W_delta(self) -> np.ndarray:
         """w_Δ^h as rows, shape (H, d)."""
-        return _to_numpy(self._W_delta)
+        return _view(self._W_delta)
 
     @property
     def b_delta(self) -> np.ndarray:
         """b_Δ, shape (H,)."""
-        return _to_numpy(self._b_delta)
+        return _view(self._b_delta)
 
     @property
     def W_B(self) -> np.ndarray:
         """W_B, shape (N, d): B_t = W_B x_t."""
-        return _to_numpy(self._W_B)
+        return _view(self._W_B)
 
     @property
     def W_C(self) -> np.ndarray:
         """W_C, shape (N, d): C_t = W_C x_t."""
-        return _to_numpy(self._W_C)
+        return _view(self._W_C)
 
     @property
     def W_O(self) -> np.ndarray:
         """Output map W_O, shape (p, d)."""
-        return _to_numpy(self._W_O)
+        return _view(self._W_O)
 
     @property
     def a(self) -> np.ndarray:
         """Per-head decay rates a_h = −exp(A_log[h]), shape (H,)."""
-        return _to_numpy(-torch.exp(self._A_log))
+        return (-torch.exp(self._A_log)).detach().cpu().numpy()
 
     def values(self) -> np.ndarray:
         """The shared maps V_h = W_O P_h (W_O restricted to head h's channels), shape (H, p, d)."""
-        return _to_numpy(self._values())
+        return self._values().detach().cpu().numpy()
 
     def _values(self) -> torch.Tensor:
         head_of_channel = torch.arange(self.d) // (self.d // self.H)
@@ -605,7 +562,7 @@ class SSD(_Routed):
         return self._W_O[None] * P[:, None, :]
 
     def _steps(self, X: torch.Tensor) -> torch.Tensor:
-        return F.softplus(X @ self._W_delta.T + self._b_delta)  # Δ_t^h, (b, n, H)
+        return _softplus(X @ self._W_delta.T + self._b_delta)  # Δ_t^h, (b, n, H)
 
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._steps(X), X @ self._W_B.T, X @ self._W_C.T

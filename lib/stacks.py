@@ -71,7 +71,7 @@ class Stack(SequenceMap):
         residual: add each layer's input to its output.
 
     Attributes:
-        layers: the layers, a tuple.
+        layers: the layers, a torch ModuleList.
         residual: whether connections are residual.
         causal: True when every layer is causal.
         max_length: the smallest max_length of the layers (None if all unlimited).
@@ -96,12 +96,12 @@ class Stack(SequenceMap):
             if residual and layer.p != layer.d:
                 raise ValueError(f"layers[{k}] must have p == d for residual connections; got d = {layer.d}, "
                                  f"p = {layer.p}")
-        self.layers = layers
+        super().__init__(layers[0].dtype, layers[0].d, layers[-1].p)
+        self.layers = torch.nn.ModuleList(layers)
         self.residual = residual
         self.causal = all(layer.causal for layer in layers)
         limits = [layer.max_length for layer in layers if layer.max_length is not None]
         self.max_length = min(limits) if limits else None
-        super().__init__(layers[0].d, layers[-1].p, layers[0].dtype)
 
     @classmethod
     def hybrid(cls, d: int, depth: int, attention_every: int, *, offset: int = 0, state_size: int = 8,
@@ -171,6 +171,5 @@ class Stack(SequenceMap):
     def _sizes(self) -> dict[str, int]:
         return {"depth": len(self.layers), **super()._sizes()}
 
-    def __repr__(self) -> str:
-        inner = ", ".join(repr(layer) for layer in self.layers)
-        return f"Stack([{inner}], residual={self.residual})"
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, residual={self.residual}"

@@ -72,11 +72,24 @@ def test_torch_parameters_keep_their_gradient():
     assert A.grad.item() == pytest.approx(3.0)
 
 
-def test_parameters_are_returned_as_independent_numpy_copies():
+def test_parameters_are_read_only_numpy_views():
     model = LinearSSM.random(2, 1, 1)
     A = model.A
-    A[:] = 0
-    assert np.abs(model.A).max() > 0
+    with pytest.raises(ValueError, match="read-only"):
+        A[:] = 0
+    assert np.shares_memory(A, model.A) and np.abs(model.A).max() > 0
+
+
+def test_models_are_modules_with_frozen_parameters():
+    model = LinearSSM.random(3, 2, 2)
+    assert isinstance(model, torch.nn.Module)
+    assert [name for name, _ in model.named_parameters()] == ["_A", "_B", "_C"]
+    assert not any(p.requires_grad for p in model.parameters())
+    out = model(torch.ones(4, 2, dtype=torch.float64))
+    assert not out.requires_grad  # numerics on torch inputs carry no parameter graph
+    model.requires_grad_()
+    model(torch.ones(4, 2, dtype=torch.float64)).sum().backward()
+    assert model._A.grad is not None and model._A.grad.abs().sum() > 0
 
 
 def test_public_names():
