@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from docutils import nodes
+from docutils.statemachine import StringList
 from sphinx import addnodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
@@ -255,6 +256,27 @@ def _row(cells: list[list[nodes.Node]]) -> nodes.row:
     return row
 
 
+class LibApi(SphinxDirective):
+    """``{lib-api} <section>``: autodoc entries for the names of one section of ``lib.API``."""
+
+    required_arguments = 1
+    final_argument_whitespace = True
+
+    def run(self):
+        import lib
+
+        title = self.arguments[0]
+        if title not in lib.API:
+            raise self.error(f"lib.API has no section {title!r}; it has {', '.join(map(repr, lib.API))}")
+        lines = []
+        for name in lib.API[title]:
+            kind = "autoclass" if isinstance(getattr(lib, name), type) else "autofunction"
+            lines += [f"```{{{kind}}} lib.{name}", *([":members:"] if kind == "autoclass" else []), "```", ""]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines), self.content_offset, container)
+        return container.children
+
+
 def myst_roles_to_rst(app, what, name, obj, options, lines) -> None:
     """``{prf:ref}`x``` (MyST, as written in lib's docstrings) -> ``:prf:ref:`x``` for autodoc."""
     for k, line in enumerate(lines):
@@ -272,4 +294,5 @@ def setup(app):
     app.connect("autodoc-process-docstring", myst_roles_to_rst)
     app.add_directive("ledger-claims", LedgerClaims)
     app.add_directive("ledger-figures", LedgerFigures)
+    app.add_directive("lib-api", LibApi)
     return {"parallel_read_safe": False, "parallel_write_safe": True, "version": "1"}

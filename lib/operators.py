@@ -22,8 +22,6 @@ import torch
 
 from ._validation import as_real_tensor, check_int, check_real, check_shape, to_output
 
-__all__ = ["apply_operator", "operator_norms", "is_causal", "toeplitz_operator"]
-
 
 def _as_operator(W: Any) -> tuple[torch.Tensor, bool]:
     tensor, was_torch = as_real_tensor(W, "W")
@@ -120,3 +118,28 @@ def _block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
     # blocks (b, n, p, d) -> operator (b, n, n, p, d) with W[:, i, i] = blocks[:, i].
     n = blocks.shape[1]
     return torch.einsum("ij,bipd->bijpd", torch.eye(n, dtype=blocks.dtype, device=blocks.device), blocks)
+
+
+def relative_error(actual: Any, expected: Any) -> float:
+    """‖actual − expected‖ / ‖expected‖ over all entries (absolute error if expected = 0).
+
+    The book's one "relative error": a ratio of norms, not of squared norms.
+
+    Args:
+        actual, expected: arrays or tensors of the same shape.
+    """
+    actual, _ = as_real_tensor(actual, "actual", dtype=torch.float64)
+    expected, _ = as_real_tensor(expected, "expected", dtype=torch.float64)
+    if actual.shape != expected.shape:
+        raise ValueError(f"actual must have the shape of expected {tuple(expected.shape)}; got {tuple(actual.shape)}")
+    error, scale = torch.linalg.vector_norm((actual - expected).detach()), torch.linalg.vector_norm(expected.detach())
+    return float(error / scale) if scale > 0 else float(error)
+
+
+def identity_error(model: Any, X: Any) -> float:
+    """relative_error of Σ_j 𝒲_ij(X) x_j against model(X) ({prf:ref}`def-interaction-operator`).
+
+    Args:
+        model: a SequenceMap.  X: shape (n, d) or (b, n, d).
+    """
+    return relative_error(apply_operator(model.operator(X), X), model(X))

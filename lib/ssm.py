@@ -311,10 +311,9 @@ class LinearSSM(_Routed):
         return self._recurrence(X) if method == "recurrence" else self._scan(X)
 
     def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
-        s = X.new_zeros(X.shape[0], self.N)
-        states = []
+        s, states, A_T = X.new_zeros(X.shape[0], self.N), [], self._A.T
         for u in (X @ self._B.T).unbind(1):
-            s = s @ self._A.T + u
+            s = s @ A_T + u
             states.append(s)
         return torch.stack(states, 1) @ self._C.T
 

@@ -26,7 +26,6 @@ from .recurrent import ElmanRNN
 from .spans import operator_span
 from .ssm import SSD, LinearSSM, SelectiveSSM
 
-__all__ = ["Architecture", "architecture_zoo"]
 
 
 @dataclass(frozen=True)

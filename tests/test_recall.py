@@ -4,9 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from lib import LinearSSM, SoftmaxAttention
+from lib import LinearSSM, SoftmaxAttention, Stack
 from lib.recall import (RecallAttention, RecallHybrid, RecallResult, RecallSSM, RecallTask, initial_gradient_norm,
-                        recall_model, recall_sweep, train_recall)
+                        recall_model, recall_sweep, stable_ssm, train_recall)
+
+
+def logits(model, X):
+    """The recall models are read at the last position."""
+    return model(X)[:, -1]
+
+
+def radius_angle(ssm):
+    return ssm.parametrizations["_A"].original
 
 
 @pytest.fixture(autouse=True)
@@ -33,32 +42,44 @@ def test_task_places_the_class_token_D_before_the_end():
     assert torch.equal(X, X2) and torch.equal(y, y2)
 
 
-def test_ssm_model_is_a_stable_lib_linear_ssm_read_at_the_end():
-    model = RecallSSM(4, state_size=6, seed=0)
-    radii = np.abs(np.linalg.eigvals(model.state_matrix().detach().numpy()))
+def test_ssm_model_is_a_stable_lib_linear_ssm():
+    model = stable_ssm(4, state_size=6, seed=0)
+    assert isinstance(model, LinearSSM) and (model.N, model.d, model.p) == (6, 4, 4)
+    radii = np.abs(np.linalg.eigvals(model.A))
     assert np.all((0.85 <= radii) & (radii <= 0.95))
+    # A is the rotation-scaling blocks of (sigmoid(ν_k), θ_k), rebuilt here in numpy.
+    nu, theta = radius_angle(model).detach().numpy().T
+    r = 1 / (1 + np.exp(-nu))
+    A = np.zeros((6, 6))
+    for k in range(3):
+        A[2 * k:2 * k + 2, 2 * k:2 * k + 2] = r[k] * np.array([[np.cos(theta[k]), -np.sin(theta[k])],
+                                                               [np.sin(theta[k]), np.cos(theta[k])]])
+    np.testing.assert_allclose(model.A, A, rtol=1e-14, atol=1e-15)
     with torch.no_grad():
-        model.logit_radius.fill_(40.0)  # any parameter value stays inside the unit disk
-    assert np.abs(np.linalg.eigvals(model.state_matrix().detach().numpy())).max() <= 1.0
-    model = RecallSSM(4, state_size=6, seed=1)
-    X = torch.randn(3, 9, 4, dtype=torch.float64)
-    reference = LinearSSM(model.state_matrix().detach(), model.B.detach(), model.C.detach())(X, method="recurrence")
-    np.testing.assert_allclose(model(X).detach().numpy(), reference[:, -1].numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(model.sequence(X).detach().numpy(), reference.numpy(), rtol=1e-10, atol=1e-12)
+        radius_angle(model)[:, 0].fill_(40.0)  # any parameter value stays inside the unit disk
+    assert np.abs(np.linalg.eigvals(model.A)).max() <= 1.0
+    assert [name for name, _ in model.named_parameters()] == ["_B", "_C", "parametrizations._A.original"]
+    assert RecallSSM(4, state_size=6, seed=0).A.tolist() == stable_ssm(4, state_size=6, seed=0).A.tolist()
 
 
-def test_attention_and_hybrid_models_match_lib_forward_at_the_end():
+def test_attention_and_hybrid_models_are_lib_models():
     X = torch.randn(3, 9, 4, dtype=torch.float64)
-    attention = RecallAttention(4, max_length=12, seed=0)
-    with torch.no_grad():
-        attention.position_bias.copy_(torch.randn(1, 12, dtype=torch.float64))
-    layer = SoftmaxAttention(*(w.detach() for w in (attention.W_Q, attention.W_K, attention.W_V, attention.W_O)),
-                             position_bias=attention.position_bias.detach())
-    np.testing.assert_allclose(attention(X).detach().numpy(), layer(X)[:, -1].numpy(), rtol=1e-12, atol=1e-14)
-    hybrid = RecallHybrid(4, max_length=12, state_size=4, seed=0)
-    Z = X + hybrid.ssm_layer.ssm()(X, method="recurrence")
-    expected = hybrid.attention_layer.attention()(Z)[:, -1]
-    np.testing.assert_allclose(hybrid(X).detach().numpy(), expected.detach().numpy(), rtol=1e-10, atol=1e-12)
+    task = RecallTask(11, classes=4)
+    attention = recall_model("attention", task, seed=0)
+    g = torch.Generator().manual_seed(0)  # the documented init: W_Q, W_K, W_V, W_O ~ N(0, 1/K), zero biases
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        np.testing.assert_array_equal(getattr(attention, name), 0.5 * torch.randn(1, 4, 4, generator=g,
+                                                                                 dtype=torch.float64).numpy())
+    assert isinstance(attention, SoftmaxAttention) and attention.max_length == 12
+    assert np.array_equal(attention.position_bias, np.zeros((1, 12)))
+    hybrid = recall_model("hybrid", task, seed=0)
+    assert isinstance(hybrid, Stack) and not hybrid.residual and hybrid.layers[0].residual
+    ssm, head = hybrid.layers[0].layers[0], hybrid.layers[1]
+    # The hybrid is z = x + ssm(x), then attention(z) without a residual: computed by separate calls.
+    expected = head(X + ssm(X, method="recurrence"))[:, -1]
+    np.testing.assert_allclose(logits(hybrid, X), expected, rtol=1e-12, atol=1e-14)
+    assert RecallHybrid(4, max_length=12, seed=0).layers[1].W_Q.tolist() == head.W_Q.tolist()
+    assert RecallAttention(4, max_length=12, seed=0).W_Q.tolist() == attention.W_Q.tolist()
 
 
 def test_train_recall_is_deterministic_and_learns_an_easy_case():
@@ -82,13 +103,13 @@ def test_train_recall_sgd_steps_are_heavy_ball_steps_on_the_autograd_gradient():
     task, lr, seed = RecallTask(3, classes=4, noise=0.3), 0.1, 7
     trained = recall_model("ssm", task, seed=0)
     result = train_recall(trained, task, steps=2, optimizer="sgd", lr=lr, seed=seed, batch=5, test_size=16)
-    model = recall_model("ssm", task, seed=0)
+    model = recall_model("ssm", task, seed=0).requires_grad_()
     params = list(model.parameters())
     data = torch.Generator().manual_seed(seed)
     previous = None
     for _ in range(2):
         X, y = task.sample(5, data)
-        grads = torch.autograd.grad(F.cross_entropy(model(X), y), params)
+        grads = torch.autograd.grad(F.cross_entropy(logits(model, X), y), params)
         velocity = list(grads) if previous is None else [g + 0.9 * v for g, v in zip(grads, previous)]
         with torch.no_grad():
             for p, v in zip(params, velocity):
@@ -99,9 +120,9 @@ def test_train_recall_sgd_steps_are_heavy_ball_steps_on_the_autograd_gradient():
     # The reported accuracy and loss are those of the trained model on the seed + 1_000_003 test batch.
     X_test, y_test = task.sample(16, torch.Generator().manual_seed(seed + 1_000_003))
     with torch.no_grad():
-        logits = model(X_test)
-    assert result.accuracy == float((logits.argmax(-1) == y_test).double().mean())
-    assert result.loss == pytest.approx(float(F.cross_entropy(logits, y_test)), rel=1e-12)
+        scores = logits(model, X_test)
+    assert result.accuracy == float((scores.argmax(-1) == y_test).double().mean())
+    assert result.loss == pytest.approx(float(F.cross_entropy(scores, y_test)), rel=1e-12)
 
 
 def test_recall_sweep_order_and_progress():
@@ -127,8 +148,8 @@ def test_recall_validation():
         RecallSSM(4, radius=(0.5, 1.0))
     with pytest.raises(ValueError, match="optimizer must be one of"):
         train_recall(recall_model("ssm", RecallTask(2)), 2, steps=1, optimizer="lbfgs")
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
-        train_recall(LinearSSM.random(2, 2, 2), 2)
+    with pytest.raises(TypeError, match="model must be a lib SequenceMap"):
+        train_recall(torch.nn.Linear(2, 2), 2)
     with pytest.raises(TypeError, match="task must be a RecallTask"):
         train_recall(recall_model("ssm", RecallTask(2)), "2")
 
@@ -172,8 +193,8 @@ def test_recall_model_passes_the_initial_radius_to_the_ssm_layers():
     task = RecallTask(4)
     for kind in ("ssm", "hybrid"):
         model = recall_model(kind, task, seed=0, radius=(0.99, 0.995))
-        layer = model if kind == "ssm" else model.ssm_layer
-        moduli = torch.sigmoid(layer.logit_radius)
+        layer = model if kind == "ssm" else model.layers[0].layers[0]
+        moduli = torch.sigmoid(radius_angle(layer)[:, 0])
         assert bool(((moduli >= 0.99) & (moduli <= 0.995)).all())
 
 
@@ -208,7 +229,7 @@ def test_initial_gradient_norm_is_the_norm_of_the_loss_gradient_over_all_paramet
 
     def loss(*flat):
         out = torch.func.functional_call(model, dict(zip(names, flat)), (X,))
-        return F.cross_entropy(out, y)
+        return F.cross_entropy(out[:, -1], y)
 
     grads = torch.autograd.functional.jacobian(loss, values)
     expected = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
