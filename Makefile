@@ -11,13 +11,13 @@ STAMP := $(VENV)/.installed
 # make book FORCE=chapters/x   re-execute the notebooks under a path even if unchanged
 # make book JOBS=1             notebooks executed at once (default: number of cores)
 BUILD_ARGS := $(if $(QUICK),--quick) $(if $(FORCE),--force $(FORCE)) $(if $(JOBS),--jobs $(JOBS))
-# make test CHECK_ARGS=--require-browser   fail instead of skipping when Chromium is missing
-CHECK_ARGS ?=
+# make test AUDIT_ARGS=--require-browser   fail instead of skipping when Chromium is missing
+AUDIT_ARGS ?=
 
-.PHONY: help venv book test unit check data lab clean bench bundle
+.PHONY: help venv book test unit audit data lab clean bench bundle
 help:
 	@echo "make book   execute the notebooks (papermill) and build the site into _build/html"
-	@echo "make test   unit and claims tests, build the book, then check the site"
+	@echo "make test   unit and claims tests, build the book, then audit the site"
 	@echo "make lab    open the notebooks in JupyterLab from the pinned environment"
 	@echo "make data   copy the last build's result tables to data/results (on purpose)"
 	@echo "make bench  benchmarks vs baselines into data/results/bench (QUICK=1: smoke run, _build/bench)"
@@ -39,16 +39,16 @@ book: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -q
 
-check: $(STAMP)
-	$(PY) -m bookbuild check $(CHECK_ARGS)
+audit: $(STAMP)
+	$(PY) -m bookbuild audit $(AUDIT_ARGS)
 
 # Unit, property and claims tests first (fast feedback), then the book and its offline
-# bundle, then the site checks (which include the bundle's).
+# bundle, then the site audits (which include the bundle's).
 test: $(STAMP)
 	$(PY) -m pytest -q
 	$(PY) -m bookbuild build $(BUILD_ARGS)
 	$(PY) -m bookbuild bundle
-	$(PY) -m bookbuild check $(CHECK_ARGS)
+	$(PY) -m bookbuild audit $(AUDIT_ARGS)
 
 data: $(STAMP)
 	$(PY) -m bookbuild data

@@ -1,7 +1,7 @@
 """Command line of the build tooling (the Makefile calls these).
 
     python -m bookbuild build [--quick] [--force PATH ...] [--jobs N]   # make book
-    python -m bookbuild check [--require-browser]                       # site checks
+    python -m bookbuild audit [--require-browser]                       # site audits
     python -m bookbuild data                                            # make data
     python -m bookbuild bundle                                          # make bundle
 """
@@ -49,10 +49,10 @@ def cmd_build(args, book: Book, echo) -> int:
     return 0
 
 
-def cmd_check(args, book: Book, echo) -> int:
-    from .checks import run_checks
+def cmd_audit(args, book: Book, echo) -> int:
+    from .audit import run_audits
 
-    return 0 if run_checks(book, require_browser=args.require_browser, echo=echo) else 1
+    return 0 if run_audits(book, require_browser=args.require_browser, echo=echo) else 1
 
 
 def cmd_data(args, book: Book, echo) -> int:
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
     build.add_argument("--jobs", type=int, default=None,
                        help="notebooks executed at once (default: CPU count)")
     build.add_argument("--cell-timeout", type=int, default=None, help="seconds per cell")
-    check = sub.add_parser("check", help="site checks on the last build")
-    check.add_argument("--require-browser", action="store_true",
+    audit = sub.add_parser("audit", help="site audits on the last build")
+    audit.add_argument("--require-browser", action="store_true",
                        help="fail (instead of skipping) when Chromium is missing")
     sub.add_parser("data", help="copy the build's result tables to data/results")
     sub.add_parser("bundle", help="zip the site, executed notebooks, requirements and a PDF")
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         print(line, flush=True)
 
     try:
-        return {"build": cmd_build, "check": cmd_check, "data": cmd_data,
+        return {"build": cmd_build, "audit": cmd_audit, "data": cmd_data,
                 "bundle": cmd_bundle}[args.command](
             args, book, echo)
     except BookError as err:

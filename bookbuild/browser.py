@@ -1,4 +1,4 @@
-"""Headless Chromium for the site checks and the PDF: one place, used by both.
+"""Headless Chromium for the site audits and the PDF: one place, used by both.
 
 Debian's Chromium is driven through Playwright (``executable_path``: Playwright never
 downloads a browser here). Pages are served from a local HTTP server, and every wait is on

@@ -8,9 +8,9 @@ import yaml
 from nbformat.v4 import new_code_cell, new_notebook
 
 from bookbuild.book import Book, BookError
-from bookbuild import checks
+from bookbuild import audit
 from bookbuild.browser import typeset_counts
-from bookbuild.checks import external_resources
+from bookbuild.audit import external_resources
 from bookbuild.normalize import normalize
 from bookbuild.results import compare_table
 
@@ -156,9 +156,9 @@ def test_declared_inputs_enter_the_hash(fixture_book, pattern):
     assert notebook_hash(book, NOTEBOOK, "published") != before
 
 
-@pytest.mark.parametrize("check", [checks.check_math, checks.check_search])
+@pytest.mark.parametrize("check", [audit.audit_math, audit.audit_search])
 def test_missing_browser_is_a_skip_or_a_failure_never_a_pass(fixture_book, monkeypatch, check):
-    monkeypatch.setattr(checks, "find_chromium", lambda: None)
+    monkeypatch.setattr(audit, "find_chromium", lambda: None)
     skipped = check(fixture_book, require_browser=False)
     assert skipped.skipped and "did NOT run" in skipped.summary and not skipped.problems
     required = check(fixture_book, require_browser=True)

@@ -1,4 +1,4 @@
-"""The site checks can fail: a TeX error and a CDN script are caught on a real build."""
+"""The site audits can fail: a TeX error and a CDN script are caught on a real build."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from bookbuild.book import Book
 from bookbuild.browser import Browser, find_chromium, serve, typeset_counts
-from bookbuild.checks import check_math, check_offline
+from bookbuild.audit import audit_math, audit_offline
 from bookbuild.site import build_site
 
 pytestmark = pytest.mark.slow
@@ -34,18 +34,18 @@ def math_book(tmp_path) -> Book:
 
 @pytest.mark.skipif(find_chromium() is None, reason="Chromium not installed")
 def test_unknown_macro_is_reported_and_known_macros_typeset(math_book):
-    result = check_math(math_book)
+    result = audit_math(math_book)
     assert [p for p in result.problems if "mjx-merror" in p] == ["intro.html: 1 TeX error(s) (mjx-merror)"]
     assert (math_book.build / "screenshots" / "intro.png").exists()
 
 
 def test_offline_check_catches_a_cdn_script(math_book):
-    assert check_offline(math_book).ok
+    assert audit_offline(math_book).ok
     page = math_book.html / "intro.html"
     page.write_text(page.read_text().replace(
         "</head>", '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js">'
                    "</script></head>"))
-    [problem] = check_offline(math_book).problems
+    [problem] = audit_offline(math_book).problems
     assert "cdn.jsdelivr.net" in problem
 
 

@@ -32,7 +32,7 @@ from .site import STAMP
 
 
 @dataclass
-class CheckResult:
+class Audit:
     name: str
     problems: list[str] = field(default_factory=list)
     summary: str = ""
@@ -44,8 +44,8 @@ class CheckResult:
 
 
 # --- (a) ------------------------------------------------------------------------------
-def check_pages(book: Book) -> CheckResult:
-    result = CheckResult("(a) every toc page rendered from the current sources")
+def audit_pages(book: Book) -> Audit:
+    result = Audit("(a) every toc page rendered from the current sources")
     stamp = book.html / STAMP
     if not stamp.exists():
         result.problems.append(f"{book.html} has no build stamp: the site was never built")
@@ -64,8 +64,8 @@ def check_pages(book: Book) -> CheckResult:
 
 
 # --- (b) ------------------------------------------------------------------------------
-def check_notebook_errors(book: Book) -> CheckResult:
-    result = CheckResult("(b) no error output in executed notebooks")
+def audit_notebook_errors(book: Book) -> Audit:
+    result = Audit("(b) no error output in executed notebooks")
     for nb_path in book.notebooks:
         executed = book.executed / nb_path
         if not executed.exists():
@@ -134,8 +134,8 @@ def external_resources(html: str) -> list[str]:
     return found
 
 
-def check_offline(book: Book) -> CheckResult:
-    result = CheckResult("(c) no external scripts, stylesheets, fonts or images")
+def audit_offline(book: Book) -> Audit:
+    result = Audit("(c) no external scripts, stylesheets, fonts or images")
     pages = sorted(book.html.rglob("*.html"))
     for page in pages:
         for problem in external_resources(page.read_text(errors="replace")):
@@ -152,7 +152,7 @@ def check_offline(book: Book) -> CheckResult:
 _MATH_NODE = re.compile(r'class="math[ "]')
 
 
-def _browser_for(result: CheckResult, what: str, require_browser: bool) -> str | None:
+def _browser_for(result: Audit, what: str, require_browser: bool) -> str | None:
     """Chromium's path, or None after recording the missing browser on ``result``."""
     binary = find_chromium()
     if binary is None:
@@ -165,8 +165,8 @@ def _browser_for(result: CheckResult, what: str, require_browser: bool) -> str |
     return binary
 
 
-def check_math(book: Book, require_browser: bool = False) -> CheckResult:
-    result = CheckResult("(d) math typeset in headless Chromium, screenshots")
+def audit_math(book: Book, require_browser: bool = False) -> Audit:
+    result = Audit("(d) math typeset in headless Chromium, screenshots")
     binary = _browser_for(result, "the MathJax check and the screenshots", require_browser)
     if binary is None:
         return result
@@ -199,18 +199,18 @@ def check_math(book: Book, require_browser: bool = False) -> CheckResult:
 
 
 # --- (e) ------------------------------------------------------------------------------
-def check_results(book: Book) -> CheckResult:
-    result = CheckResult("(e) result tables agree with data/results")
+def audit_results(book: Book) -> Audit:
+    result = Audit("(e) result tables agree with data/results")
     result.problems = compare_all(book)
     result.summary = "within their tolerances"
     return result
 
 
 # --- (f) ------------------------------------------------------------------------------
-def check_ledger(book: Book) -> CheckResult:
+def audit_ledger(book: Book) -> Audit:
     from .ledger import build_ledger
 
-    result = CheckResult("(f) every claim checked within tolerance, tested, and shown so")
+    result = Audit("(f) every claim checked within tolerance, tested, and shown so")
     ledger = build_ledger(book)
     result.problems = list(ledger.problems)
     per_page: dict[str, int] = {}
@@ -227,8 +227,8 @@ def check_ledger(book: Book) -> CheckResult:
 
 
 # --- (g) ------------------------------------------------------------------------------
-def check_search(book: Book, require_browser: bool = False, word: str = "Eckart") -> CheckResult:
-    result = CheckResult("(g) site search works offline")
+def audit_search(book: Book, require_browser: bool = False, word: str = "Eckart") -> Audit:
+    result = Audit("(g) site search works offline")
     binary = _browser_for(result, "the search check", require_browser)
     if binary is None:
         return result
@@ -242,13 +242,13 @@ def check_search(book: Book, require_browser: bool = False, word: str = "Eckart"
 
 
 # --- (h) ------------------------------------------------------------------------------
-def check_figure_backgrounds(book: Book) -> CheckResult:
+def audit_figure_backgrounds(book: Book) -> Audit:
     import base64
     import io
 
     from PIL import Image
 
-    result = CheckResult("(h) figures have opaque white backgrounds (readable in dark mode)")
+    result = Audit("(h) figures have opaque white backgrounds (readable in dark mode)")
     count = 0
     for nb_path in book.notebooks:
         executed = book.executed / nb_path
@@ -270,10 +270,10 @@ def check_figure_backgrounds(book: Book) -> CheckResult:
 
 
 # --- (i) ------------------------------------------------------------------------------
-def check_bundle_archive(book: Book) -> CheckResult:
+def audit_bundle_archive(book: Book) -> Audit:
     from .bundle import inspect_bundle
 
-    result = CheckResult("(i) offline bundle complete, PDF typeset")
+    result = Audit("(i) offline bundle complete, PDF typeset")
     summary = inspect_bundle(book)
     result.problems = summary.problems
     if summary.pdf is not None:
@@ -282,11 +282,11 @@ def check_bundle_archive(book: Book) -> CheckResult:
     return result
 
 
-def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
-    checks = [check_pages(book), check_notebook_errors(book), check_offline(book),
-              check_math(book, require_browser), check_results(book), check_ledger(book),
-              check_search(book, require_browser), check_figure_backgrounds(book),
-              check_bundle_archive(book)]
+def run_audits(book: Book, require_browser: bool = False, echo=print) -> bool:
+    checks = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
+              audit_math(book, require_browser), audit_results(book), audit_ledger(book),
+              audit_search(book, require_browser), audit_figure_backgrounds(book),
+              audit_bundle_archive(book)]
     for check in checks:
         if check.skipped:
             banner = "!" * 78
@@ -301,10 +301,10 @@ def run_checks(book: Book, require_browser: bool = False, echo=print) -> bool:
 
 
 # --- (j) ------------------------------------------------------------------------------
-def check_reading(book: Book) -> CheckResult:
+def audit_reading(book: Book) -> Audit:
     from .reading import GOALS, measure
 
-    result = CheckResult("(j) chapter notebooks read like a book (short cells, no reprs, "
+    result = Audit("(j) chapter notebooks read like a book (short cells, no reprs, "
                          "figures fit)")
     measured = [measure(nbformat.read(book.executed / nb, as_version=4), str(nb))
                 for nb in book.notebooks
