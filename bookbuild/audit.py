@@ -1,4 +1,4 @@
-"""Site checks run by ``make test`` on the last build.
+"""Site audits run by ``make test`` (and ``make audit``) on the last build.
 
 (a) every page in ``_toc.yml`` was rendered from the current staged sources;
 (b) no executed notebook holds an error output;
@@ -11,7 +11,8 @@
     tolerance, a test and a summary, and its page shows the ledger line under it;
 (g) the site search works offline (headless Chromium finds a known word);
 (h) every figure in the executed notebooks has an opaque white background (dark mode);
-(i) the offline bundle (``make bundle``) is current and complete, its PDF typeset.
+(i) the offline bundle (``make bundle``) is current and complete, its PDF typeset;
+(j) the chapters' notebook pages read like a book (:mod:`bookbuild.reading`).
 """
 
 from __future__ import annotations
@@ -283,21 +284,21 @@ def audit_bundle_archive(book: Book) -> Audit:
 
 
 def run_audits(book: Book, require_browser: bool = False, echo=print) -> bool:
-    checks = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
+    audits = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
               audit_math(book, require_browser), audit_results(book), audit_ledger(book),
               audit_search(book, require_browser), audit_figure_backgrounds(book),
               audit_bundle_archive(book)]
-    for check in checks:
-        if check.skipped:
+    for audit in audits:
+        if audit.skipped:
             banner = "!" * 78
-            echo(f"{banner}\nSKIPPED {check.name}: {check.summary}\n{banner}")
-        elif check.ok:
-            echo(f"ok      {check.name}: {check.summary}")
+            echo(f"{banner}\nSKIPPED {audit.name}: {audit.summary}\n{banner}")
+        elif audit.ok:
+            echo(f"ok      {audit.name}: {audit.summary}")
         else:
-            echo(f"FAILED  {check.name}:")
-            for problem in check.problems:
+            echo(f"FAILED  {audit.name}:")
+            for problem in audit.problems:
                 echo(f"        {problem}")
-    return all(c.ok for c in checks)
+    return all(a.ok for a in audits)
 
 
 # --- (j) ------------------------------------------------------------------------------
