@@ -13,6 +13,7 @@ import nbformat
 INJECTED_TAG = "injected-parameters"
 PARAMETERS_TAG = "parameters"
 HIDE = "remove-cell"
+FOLD = "hide-input"  # shown collapsed: a reader can open it, the page does not spend space on it
 
 
 def normalize(nb: nbformat.NotebookNode, profile: str) -> nbformat.NotebookNode:
@@ -23,7 +24,7 @@ def normalize(nb: nbformat.NotebookNode, profile: str) -> nbformat.NotebookNode:
     * each cell's ``metadata.execution`` and ``metadata.papermill``;
     * the injected cell's random id becomes a fixed one;
     * the notebook's own ``parameters`` cell (its defaults) is hidden and the injected cell,
-      which holds the values actually in force, is shown in its place with a header saying so.
+      which holds the values actually in force, takes its place, folded, with a header saying so.
     """
     nb.metadata.pop("papermill", None)
     nb.metadata.pop("widgets", None)
@@ -39,6 +40,8 @@ def normalize(nb: nbformat.NotebookNode, profile: str) -> nbformat.NotebookNode:
                 lines = lines[1:]
             header = f"# Parameters in force (profile: {profile}; from data/params.yaml)"
             cell.source = "\n".join([header, *lines])
+            if FOLD not in tags:
+                cell.metadata["tags"] = [*tags, FOLD]
         elif PARAMETERS_TAG in tags and has_injected and HIDE not in tags:
             cell.metadata["tags"] = [*tags, HIDE]
     return nb

@@ -34,6 +34,10 @@ from pathlib import Path
 import yaml
 
 FIGURE_DPI = 110
+#: Width of the page's content column (px) at the 1280 px window of the site audits' screenshots.
+CONTENT_PX = 688
+MAX_FIGURE_INCHES = 8.0
+MIN_TEXT_PX = 10.0
 
 
 def book_root() -> Path:
@@ -84,21 +88,24 @@ class NotebookRun:
         """Add the provenance footer to ``fig``, save it as ``<name>.png``; return ``fig``.
 
         The footer names the notebook, the parameters in force (seed included) and the
-        commit, so a figure taken out of the book still says where it came from. The figure
-        is laid out with matplotlib's constrained layout in the area above the footer.
+        commit, so a figure taken out of the book still says where it came from. A figure
+        must fit the page: at most 8 in wide, and no text smaller than 10 px once the page
+        scales it to the content width (ValueError naming the figure and the text otherwise).
         """
         from matplotlib.layout_engine import ConstrainedLayoutEngine
 
         _check_name(name)
-        width_chars = max(60, int(fig.get_figwidth() * 15))
+        width_chars = max(60, int(fig.get_figwidth() * 12))
         lines = textwrap.wrap(self.provenance(), width_chars)
-        footer_in = 0.13 * len(lines) + 0.1
+        footer_in = 0.16 * len(lines) + 0.1
         height = fig.get_figheight() + footer_in
         fig.set_figheight(height)
         fraction = footer_in / height
         fig.set_layout_engine(ConstrainedLayoutEngine(rect=(0, fraction, 1, 1 - fraction)))
-        fig.text(0.01, 0.02 * fraction, "\n".join(lines), fontsize=7, color="0.35", ha="left",
+        fig.text(0.01, 0.02 * fraction, "\n".join(lines), fontsize=FOOTER_PT, color="0.35", ha="left",
                  va="bottom", family="monospace")
+        for problem in figure_problems(fig):
+            raise ValueError(f"figure {name!r}: {problem}")
         path = self.output_dir / "figures" / self.chapter / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=FIGURE_DPI, facecolor="white", metadata={"Software": None})
@@ -240,6 +247,28 @@ class Table:
         return self.text
 
 
+FOOTER_PT = 8.5
+
+
+def figure_problems(fig) -> list[str]:
+    """Why ``fig`` would not fit the page: too wide, or text below MIN_TEXT_PX once shown."""
+    import matplotlib.text
+
+    width = fig.get_figwidth()
+    if width > MAX_FIGURE_INCHES:
+        return [f"{width:.1f} in wide (at most {MAX_FIGURE_INCHES:g} in at {FIGURE_DPI} dpi)"]
+    fig.canvas.draw()  # creates tick labels, so that every text is seen
+    shown = min(1.0, CONTENT_PX / (width * FIGURE_DPI))
+    problems = []
+    for text in fig.findobj(matplotlib.text.Text):
+        if text.get_visible() and text.get_text().strip():
+            px = text.get_fontsize() * FIGURE_DPI / 72 * shown
+            if px < MIN_TEXT_PX - 1e-9:
+                problems.append(f"text {text.get_text()[:30]!r} is {px:.1f} px on the page "
+                                f"(at least {MIN_TEXT_PX:g}): use a larger font or a narrower figure")
+    return problems[:1]
+
+
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name or any(c in name for c in "/\\ ."):
         raise ValueError(f"name must be a plain file stem like 'operator-grid'; got {name!r}")
@@ -263,9 +292,15 @@ def set_style() -> None:
         "savefig.facecolor": "white",
         "figure.dpi": FIGURE_DPI,
         "savefig.dpi": FIGURE_DPI,
-        "figure.figsize": (7.0, 4.0),
+        "figure.figsize": (CONTENT_PX / FIGURE_DPI, 3.8),  # the content width: shown at 1:1
         "figure.constrained_layout.use": True,
-        "axes.titlesize": "medium",
+        "font.size": 10,
+        "axes.titlesize": 10.5,
+        "axes.labelsize": 10,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "legend.fontsize": 9,
+        "legend.title_fontsize": 9,
     })
 
 

@@ -68,3 +68,26 @@ def test_each_measure_fails_and_names_notebook_and_measure():
                  "code lines per 100 words = 20"):
         assert name in text, name
     assert "stray value '7168'" in text and "12.5 in" in text
+
+
+def test_figures_must_fit_the_page():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bookbuild.notebook import figure_problems, set_style
+
+    set_style()
+    fig, ax = plt.subplots()                      # the default size: the content width
+    ax.plot([0, 1]); ax.set_xlabel("distance D")
+    assert figure_problems(fig) == []
+    ax.legend(["tiny"], fontsize=6)               # 6 pt = 9.2 px at 110 dpi, shown 1:1
+    [problem] = figure_problems(fig)
+    assert problem.startswith("text 'tiny' is 9.2 px on the page")
+    wide, _ = plt.subplots(figsize=(12.5, 4))
+    assert figure_problems(wide) == ["12.5 in wide (at most 8 in at 110 dpi)"]
+    scaled, ax = plt.subplots(figsize=(8, 4))     # shown at 688/880 of its size
+    ax.set_title("t", fontsize=8)                 # 8 pt = 12.2 px saved, 9.6 px shown
+    assert "9.6 px" in figure_problems(scaled)[0]
+    plt.close("all")

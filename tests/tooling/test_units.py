@@ -45,7 +45,7 @@ def test_normalize_shows_parameters_in_force_once():
     assert "remove-cell" in own.metadata["tags"]
     assert injected.source.splitlines() == [
         "# Parameters in force (profile: quick; from data/params.yaml)", "seed = 2"]
-    assert "remove-cell" not in injected.metadata["tags"]
+    assert "remove-cell" not in injected.metadata["tags"] and "hide-input" in injected.metadata["tags"]
 
 
 def test_normalize_is_idempotent():
