@@ -31,7 +31,8 @@ GOOD_CELLS = [
         ax.plot(values)
         run.figure(fig, "values")
         run.glue("total", float(values.sum()))
-        table""")),
+        run.glue("styled", run.show(table, {"value": "{:.3e}"}))
+        run.show(table, {"value": "{:.3e}"})""")),
 ]
 
 

@@ -86,6 +86,7 @@ def test_two_clean_executions_are_byte_identical_and_progress_stays_off_the_page
     outputs = json.dumps([c.get("outputs", []) for c in
                           nbformat.read(fixture_book.executed / NOTEBOOK, 4).cells])
     assert "looping" not in outputs
+    assert "book-table" in outputs and "T_" not in outputs and " at 0x" not in outputs  # a styled table, no ids
 
     report = execute_notebooks(fixture_book, force=["chapters/demo"], echo=quiet)
 
