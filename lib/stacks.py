@@ -1,18 +1,10 @@
 """Stacks of sequence maps: composition, residual connections, Jamba-like hybrids.
 
-Composing layers composes their operators: if Z = f₁(X) with Z = 𝒲¹(X) X and
-Y = f₂(Z) with Y = 𝒲²(Z) Z, then Y = 𝒲²(Z) 𝒲¹(X) X, so the stack's operator is the
-product of the layers' operators as block matrices in (n·p) space, each evaluated
-at its own layer's input:
-
-    𝒲_ij(X) = Σ_k 𝒲²_ik(Z) 𝒲¹_kj(X).
-
-A residual layer y = x + f(x) has operator I + 𝒲^f (identity blocks on the
-diagonal).  The Jacobian obeys the same product rule (chain rule) with Jacobian
-blocks in place of operator blocks; for LTI layers the two coincide, so a stack of
-L stable SSMs has lags that are L-fold convolutions of exponentially decaying lags:
-‖J_ij‖ = O((i − j)^{L−1} ρ^{i−j}) ({prf:ref}`prop-stack-decay`).  An attention layer in the
-stack can restore a distance-independent path on some inputs ({prf:ref}`prop-attention-highway`).
+Composing layers multiplies their operators, each at its own layer's input: for Z = f₁(X)
+and Y = f₂(Z), 𝒲_ij(X) = Σ_k 𝒲²_ik(Z) 𝒲¹_kj(X); a residual layer x + f(x) has operator
+I + 𝒲^f. The Jacobian obeys the same product rule, so a stack of L stable LTI SSMs decays like
+(i − j)^{L−1} ρ^{i−j} ({prf:ref}`prop-stack-decay`), and one attention layer can reopen a
+distance-independent path ({prf:ref}`prop-attention-highway`).
 """
 
 from __future__ import annotations
@@ -28,28 +20,17 @@ from .base import SequenceMap
 from .heads import s4d_ssm
 from .ssm import LinearSSM
 
-__all__ = ["Stack", "ssm_layer", "SSM_KINDS"]
-
 SSM_KINDS = ("gaussian", "s4d-lin", "s4d-real")
 
 
 def ssm_layer(kind: str, state_size: int, d: int, spectral_radius: float, *, seed: Any = 0,
               dtype: Any = torch.float64) -> LinearSSM:
-    """One d → d LTI SSM layer of the given kind, with ρ(A) = spectral_radius.
+    """One d → d LTI SSM layer with ρ(A) = spectral_radius, of a kind in SSM_KINDS.
 
-    "gaussian": `LinearSSM.random` (Gaussian A rescaled, non-normal: its gradient
-    profile can rise before it decays); "s4d-lin" and "s4d-real": `s4d_ssm` with
-    init "lin" or "real" (normal A, so ‖A^ℓ‖₂ = ρ^ℓ).  The depth notebook builds
-    its pure SSM stacks and its hybrids from this one function, so the two use the
-    same kind of layer.
-
-    Args:
-        kind: one of SSM_KINDS.
-        state_size: N >= 1.
-        d: width (input and output).
-        spectral_radius: ρ; in (0, 1) for the S4D kinds, >= 0 for "gaussian".
-        seed: seed (int or numpy SeedSequence) of the layer's random parameters.
-        dtype: computation dtype.
+    "gaussian": `LinearSSM.random` (non-normal A: the profile may rise before it decays);
+    "s4d-lin", "s4d-real": `s4d_ssm` with that init (normal A, ‖A^ℓ‖₂ = ρ^ℓ; ρ in (0, 1)).
+    The depth notebook builds its SSM stacks and hybrids from it. state_size = N; seed, an int
+    or numpy SeedSequence.
     """
     kind = check_choice(kind, "kind", SSM_KINDS)
     if kind == "gaussian":
@@ -58,23 +39,14 @@ def ssm_layer(kind: str, state_size: int, d: int, spectral_radius: float, *, see
 
 
 class Stack(SequenceMap):
-    """Layers applied one after another, optionally with residual connections.
+    """Layers one after another: Z_k = f_k(Z_{k−1}), or Z_{k−1} + f_k(Z_{k−1}) if residual; Y = Z_L.
 
-    Without residual connections Z_k = f_k(Z_{k−1}); with them Z_k = Z_{k−1} + f_k(Z_{k−1});
-    Z_0 = X and Y = Z_L.  The operator is the product of the layers' operators at
-    their own inputs (see the module docstring), so the identity
-    Y = apply_operator(stack.operator(X), X) holds exactly, as for every lib model.
+    The operator is the product of the layers' operators (module docstring), so
+    Y = apply_operator(stack.operator(X), X) as for every model.
 
-    Args:
-        layers: SequenceMaps, at least one, of one dtype, with layers[k].p ==
-            layers[k+1].d; with residual connections every layer needs p == d.
-        residual: add each layer's input to its output.
-
-    Attributes:
-        layers: the layers, a torch ModuleList.
-        residual: whether connections are residual.
-        causal: True when every layer is causal.
-        max_length: the smallest max_length of the layers (None if all unlimited).
+    Args: layers, at least one SequenceMap, one dtype, layers[k].p == layers[k+1].d (p == d
+    for residual stacks); residual, a bool. Attributes: layers (a ModuleList), residual,
+    causal (every layer causal), max_length (the smallest of the layers', None if none).
     """
 
     def __init__(self, layers: Iterable[SequenceMap], *, residual: bool = False) -> None:
@@ -107,29 +79,13 @@ class Stack(SequenceMap):
     def hybrid(cls, d: int, depth: int, attention_every: int, *, offset: int = 0, state_size: int = 8,
                heads: int = 1, spectral_radius: float = 0.9, residual: bool = True, causal: bool = True,
                ssm: str = "gaussian", seed: Any = 0, dtype: Any = torch.float64) -> "Stack":
-        """A Jamba-like stack: LTI SSM layers with a SoftmaxAttention layer every `attention_every`.
+        """A Jamba-like d → d stack: layer k is SoftmaxAttention if k % attention_every == offset, else LTI SSM.
 
-        Layer k (0-based) is attention when k % attention_every == offset, else an LTI
-        SSM built by `ssm_layer(ssm, ...)`; all layers are d → d.  So depth 8 with
-        attention_every = 4 and offset 0 has attention at layers 0 and 4 (two of eight),
-        not one.  Jamba (Lieber et al. 2024) interleaves one attention layer per 8
-        (with Mamba layers and MoE MLPs); here the SSM layers are LTI so their gradient
-        paths are exactly C A^ℓ B.  The default offset 0 puts attention first, so
-        `planted_key_input(stack.layers[0], ...)` plants a key directly in X.
-
-        Args:
-            d: width of every layer.
-            depth: number of layers.
-            attention_every: period m >= 1 of the attention layers.
-            offset: position of attention within each period, 0 <= offset < m.
-            state_size: N of the SSM layers.
-            heads: heads of the attention layers (SoftmaxAttention.random).
-            spectral_radius: ρ(A) of every SSM layer.
-            residual: residual connections (default True, as in Jamba).
-            causal: causal attention (default True).
-            ssm: kind of the SSM layers, see `ssm_layer` ("gaussian", the default for
-                backward compatibility, "s4d-lin" or "s4d-real").
-            seed: seeds the layers (independent numpy streams per layer).
+        So depth 8, attention_every 4, offset 0 has attention at layers 0 and 4. Jamba (Lieber et
+        al. 2024) has one attention layer per 8 among Mamba layers; here the SSM layers are LTI
+        (`ssm_layer(ssm, state_size, d, spectral_radius)`), so their paths are exactly C A^ℓ B.
+        Attention first (offset 0) lets `planted_key_input(stack.layers[0], ...)` plant a key in X.
+        heads, causal: of the attention layers; seed: independent numpy streams per layer.
         """
         d, depth = check_int(d, "d"), check_int(depth, "depth")
         every = check_int(attention_every, "attention_every")
@@ -140,8 +96,7 @@ class Stack(SequenceMap):
         ssm = check_choice(ssm, "ssm", SSM_KINDS)
         seeds = np.random.SeedSequence(seed).spawn(depth)
         layers = [SoftmaxAttention.random(d, d, heads, causal=causal, seed=s, dtype=dtype)
-                  if k % every == offset else
-                  ssm_layer(ssm, state_size, d, radius, seed=s, dtype=dtype)
+                  if k % every == offset else ssm_layer(ssm, state_size, d, radius, seed=s, dtype=dtype)
                   for k, s in enumerate(seeds)]
         return cls(layers, residual=residual)
 
@@ -155,13 +110,10 @@ class Stack(SequenceMap):
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         Z, W = X, None
         for layer in self.layers:
-            W_k = layer._operator(Z)
-            out = layer._forward(Z)
-            if self.residual:
-                b, n, p, _ = W_k.shape[0], W_k.shape[1], W_k.shape[3], W_k.shape[4]
-                eye = (torch.eye(n, dtype=Z.dtype, device=Z.device)[:, :, None, None]
-                       * torch.eye(p, dtype=Z.dtype, device=Z.device))
-                W_k, Z = W_k + eye, Z + out
+            W_k, out = layer._operator(Z), layer._forward(Z)
+            if self.residual:  # + I: identity blocks on the diagonal
+                eye_n, eye_p = (torch.eye(k, dtype=Z.dtype, device=Z.device) for k in (W_k.shape[1], W_k.shape[3]))
+                W_k, Z = W_k + eye_n[:, :, None, None] * eye_p, Z + out
             else:
                 Z = out
             # Block-matrix product in (n·p) space: (𝒲ᵏ 𝒲)_ij = Σ_m 𝒲ᵏ_im 𝒲_mj.

@@ -115,7 +115,7 @@ def test_hybrid_layout_and_seeding():
     np.testing.assert_array_equal(stack(X), again(X))
     assert not np.allclose(stack.layers[1].A, stack.layers[2].A)  # independent layer streams
     assert not np.allclose(stack(X), Stack.hybrid(4, 6, attention_every=3, heads=2, state_size=5, seed=8)(X))
-    assert "Stack([SoftmaxAttention" in repr(stack)
+    assert "(0): SoftmaxAttention(H=2" in repr(stack) and "residual=True" in repr(stack)
 
 
 def test_stack_kinds_flags_and_gradients():
@@ -266,6 +266,9 @@ def test_ssm_layer_kinds_and_the_hybrid_uses_them():
         A = layer.A
         assert np.abs(np.linalg.eigvals(A)).max() == pytest.approx(0.8, rel=1e-12)
         assert np.allclose(A @ A.T, A.T @ A, atol=1e-12) == normal
+        moduli, angles = np.abs(np.linalg.eigvals(A)), np.angle(np.linalg.eigvals(A))
+        assert np.allclose(moduli, 0.8, rtol=1e-12) == (kind == "s4d-lin")  # every S4D-Lin mode has |λ| = ρ
+        assert np.allclose(angles, 0.0, atol=1e-12) == (kind == "s4d-real")  # S4D-Real: positive real λ
     hybrid = Stack.hybrid(3, 8, 4, ssm="s4d-lin", state_size=6, spectral_radius=0.8, seed=2)
     attention = [k for k, layer in enumerate(hybrid.layers) if isinstance(layer, SoftmaxAttention)]
     assert attention == [0, 4]
