@@ -9,13 +9,13 @@ class as well.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._scan import selective_loop, selective_scan, ssd_chunked, ssd_loop, ssd_quadratic
 from ._validation import as_parameter, check_choice, check_int, check_real, resolve_dtype
 from .base import SequenceMap, _view
 from .factorized import factorized_operator
@@ -33,15 +33,6 @@ def _powers_times(A: torch.Tensor, M: torch.Tensor, n: int) -> torch.Tensor:
         if out.shape[1] < n:
             power = power @ power
     return out[:, :n].permute(1, 0, 2)
-
-
-def _affine_loop(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """All states of h_t = a_t h_{t−1} + u_t, h_{−1} = 0, along dim 1, one step at a time (the reference)."""
-    h, states = torch.zeros_like(u[:, 0]), []
-    for t in range(u.shape[1]):
-        h = a[:, t] * h + u[:, t]
-        states.append(h)
-    return torch.stack(states, 1)
 
 
 def _softplus(z: torch.Tensor) -> torch.Tensor:
@@ -68,55 +59,6 @@ class _Routed(SequenceMap):
         """Y = model(X) by the chosen route ("auto" picks the fastest; all agree to ~1e-12
         relative in float64 and all are differentiable)."""
         return super().forward(X, method=check_choice(method, "method", self.METHODS))
-
-
-class _TimeChunks:
-    """The two-level scan of h_t = a_t h_{t−1} + u_t, h_{−1} = 0, and the layout it runs in.
-
-    Time is split into K ≈ √n chunks of T ≈ √n steps.  `split` lays a (b, n, ...)
-    tensor out as (T, b, K, ...): step-within-chunk leads, so each of the scan's
-    steps reads one contiguous slab.  Callers split their small per-step factors
-    (Δ, x, B, C) and build the large (d × N per step) decays and drives already in
-    this layout, so no large tensor is ever transposed.  `scan` runs all chunks at
-    once from a zero state (T vectorised steps), carries the state across chunks
-    (K small steps), then adds each chunk's entering state times the decay since
-    the chunk began: about 2√n sequential steps instead of n.  Only products of the
-    a's are formed, so decays in (0, 1] stay in (0, 1]: nothing overflows on long
-    sequences.  `join` undoes `split`.  The padding at the end never reaches a kept
-    output (the recurrence is causal), so its value does not matter.
-    """
-
-    def __init__(self, n: int):
-        self.n = n
-        self.T = math.isqrt(n - 1) + 1  # ceil(√n)
-        self.K = -(-n // self.T)
-
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        """(b, n, ...) -> (T, b, K, ...)."""
-        padding = self.K * self.T - self.n
-        if padding:
-            x = torch.cat([x, x.new_zeros((x.shape[0], padding, *x.shape[2:]))], 1)
-        return x.reshape(x.shape[0], self.K, self.T, *x.shape[2:]).movedim(2, 0).contiguous()
-
-    def join(self, y: torch.Tensor) -> torch.Tensor:
-        """(T, b, K, ...) -> (b, n, ...)."""
-        return y.movedim(0, 2).reshape(y.shape[1], self.K * self.T, *y.shape[3:])[:, :self.n]
-
-    def scan(self, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """All states, in the split layout; `a` (split) broadcasts against `u` (split)."""
-        h, since_start = torch.zeros_like(u[0]), torch.ones_like(a[0])
-        local, decay = [], []
-        for a_t, u_t in zip(a.unbind(0), u.unbind(0)):
-            h = torch.addcmul(u_t, a_t, h)
-            since_start = a_t * since_start
-            local.append(h)
-            decay.append(since_start)
-        local, decay = torch.stack(local), torch.stack(decay)
-        s, entering = torch.zeros_like(u[0, :, 0]), []
-        for c in range(self.K):
-            entering.append(s)
-            s = torch.addcmul(local[-1, :, c], decay[-1, :, c], s)
-        return torch.addcmul(local, decay, torch.stack(entering, 1))
 
 
 def _segment_sums(x: torch.Tensor) -> torch.Tensor:
@@ -364,8 +306,10 @@ class SelectiveSSM(_Routed):
     convolution or in/out projections, and a full-rank W_Δ (Mamba's is low rank).
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop over
-    time), "scan" (a two-level chunked scan: ~2√n vectorised steps, forming only
-    products of decays in (0, 1], so it is safe on long sequences), "auto" (= scan).
+    time), "scan" (a two-pass chunked scan with a hand-written backward, lib._scan:
+    ~√n vectorised steps, forming only products of decays in (0, 1], so it is safe on
+    long sequences in float32), "auto" (recurrence for n < 64, scan otherwise: the
+    faster routes on CPU, benchmarks/bench_forward.py).
 
     Args:
         A_log: shape (d, N); A = −exp(A_log) < 0.
@@ -437,16 +381,14 @@ class SelectiveSSM(_Routed):
         delta = _softplus(X @ self._W_delta.T + self._b_delta)
         return delta, X @ self._W_B.T, X @ self._W_C.T
 
+    _SCAN_FROM = 64  # "auto" loops over shorter sequences (measured faster on CPU)
+
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._selection(X)
-        chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
-        if chunks is not None:  # the same formulas below, in the scan's layout
-            delta, X, B, C = map(chunks.split, (delta, X, B, C))
-        decay = torch.exp(delta[..., None] * -torch.exp(self._A_log))  # exp(Δ_t[c] A[c]), (b, n, d, N)
-        drive = (delta * X)[..., None] * B[..., None, :]                 # Δ_t[c] x_t[c] B_t, (b, n, d, N)
-        states = _affine_loop(decay, drive) if chunks is None else chunks.scan(decay, drive)
-        Y = torch.einsum("...cn,...n->...c", states, C)
-        return Y if chunks is None else chunks.join(Y)
+        if method == "auto":
+            method = "recurrence" if X.shape[1] < self._SCAN_FROM else "scan"
+        route = selective_loop if method == "recurrence" else selective_scan
+        return route(delta, -torch.exp(self._A_log), B, C, X)
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         delta, B, C = self._selection(X)
@@ -483,7 +425,10 @@ class SSD(_Routed):
     torch's softplus (exact to e^{-20} ≈ 2e-9 absolute above 20; see SelectiveSSM).
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop),
-    "scan" (the chunked scan of SelectiveSSM), "auto" (= scan).
+    "scan" (Mamba-2's chunked block decomposition: the quadratic form inside chunks
+    of 32 steps, states carried across them), "quadratic" (the dual form: one n × n
+    decay-masked attention per head, O(H n²)), "auto" (quadratic for n <= 64, scan
+    otherwise: the faster routes on CPU, benchmarks/bench_forward.py).
 
     Args:
         A_log: shape (H,).
@@ -563,17 +508,16 @@ class SSD(_Routed):
     def _steps(self, X: torch.Tensor) -> torch.Tensor:
         return _softplus(X @ self._W_delta.T + self._b_delta)  # Δ_t^h, (b, n, H)
 
+    METHODS = ("auto", "recurrence", "scan", "quadratic")
+    _QUADRATIC_UP_TO = 64  # "auto" takes the quadratic form up to this length (measured faster on CPU)
+
     def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         delta, B, C = self._steps(X), X @ self._W_B.T, X @ self._W_C.T
-        chunks = None if method == "recurrence" else _TimeChunks(X.shape[1])
-        if chunks is not None:  # the same formulas below, in the scan's layout
-            delta, X, B, C = map(chunks.split, (delta, X, B, C))
-        decay = torch.exp(delta * -torch.exp(self._A_log))[..., None, None]  # (b, n, H, 1, 1)
-        heads = delta[..., None] * X.unflatten(-1, (self.H, -1))            # Δ_t^h x_t^{(h)}, (b, n, H, d_h)
-        drive = B[..., None, :, None] * heads[..., None, :]                 # (b, n, H, N, d_h)
-        states = _affine_loop(decay, drive) if chunks is None else chunks.scan(decay, drive)
-        outputs = torch.einsum("...hnk,...n->...hk", states, C).flatten(-2)
-        return (outputs if chunks is None else chunks.join(outputs)) @ self._W_O.T
+        if method == "auto":
+            method = "quadratic" if X.shape[1] <= self._QUADRATIC_UP_TO else "scan"
+        route = {"recurrence": ssd_loop, "scan": ssd_chunked, "quadratic": ssd_quadratic}[method]
+        heads = route(delta, -torch.exp(self._A_log), B, C, X.unflatten(-1, (self.H, -1)))  # (b, n, H, d_h)
+        return heads.flatten(-2) @ self._W_O.T
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         n = X.shape[1]
