@@ -1,40 +1,12 @@
-"""How many heads an LTI SSM needs: exact head count, optimal truncations, the map-level count.
+"""How many heads an LTI SSM needs, from its lags L_ℓ = C A^ℓ B ({prf:ref}`def-lti-ssm`).
 
-A linear SSM with lags L_ℓ = C A^ℓ B ({prf:ref}`def-lag-operators`) acts on length-n
-sequences through L_0..L_{n−1} only.  Stack them as the rows of the n × pd *lag
-matrix* M (row ℓ = vec(L_ℓ)); its rank is the lag span dimension k
-({prf:ref}`def-lag-span`).  Everything here is computed from the lags — O(n p d N)
-work and O(n p d) memory — never from the n × n × p × d operator, except where a
-function says it builds the dense operator on purpose (an independent route):
-
-- `min_heads`, `modal_lag_span_dimension`: k, the least number of heads of a
-  factorized model that represents the SSM ({prf:ref}`thm-head-count`), as a
-  numerical rank and, for diagonalisable A, from the modes ({prf:ref}`prop-modal-lag-span`);
-- `heads_from_ssm`: the k-head construction (a basis of the lag span as values,
-  coordinates of the lags as relative-position coefficients);
-- `optimal_head_errors`, `truncated_heads`, `heads_needed`: the best H-head model
-  in mean square ({prf:ref}`thm-approx-head-count`), from the singular values of
-  the weighted lag matrix G (row ℓ = √(n−ℓ) vec(L_ℓ));
-- `fit_heads`: the same minimum found by an optimiser (L-BFGS or alternating least
-  squares) over all input-independent H-head models — no singular values;
-- `sampled_head_errors`: Monte Carlo estimates of the truncated models' errors;
-- `lag_energy_count`, `s4d_continuous`, `continuous_head_errors`: why the head count
-  of an S4D SSM depends on ρ the way it does ({prf:ref}`prop-heads-needed-lag-bound`,
-  {prf:ref}`prop-heads-needed-continuous-limit`);
-- `population_error`: Σ_i E‖y_i − ŷ_i‖² between two lag kernels, in closed form;
-- `token_dependent_single_head`: the best single head whose coefficients may be any
-  functions of the input ({prf:ref}`prop-single-head-generic-inputs`);
-  `single_head_witness`: the single-token input on which it fails ({prf:ref}`thm-rank-gap-map`);
-- map level ({prf:ref}`thm-map-level-head-count`): value families that span ℝ^p at every
-  non-zero token (`polynomial_values`, `complex_values`, `cayley_dickson_values`,
-  `nonsingular_values`), `TokenDependentHeads` built on them, `map_head_bounds`,
-  `singular_token` ({prf:ref}`lem-odd-nonsingular`);
-- `s4d_ssm`: S4D-style diagonal SSMs with a chosen spectral radius.
-
-Relative errors.  The book's *relative error* of an approximation ŷ of y is the norm
-ratio ‖y − ŷ‖/‖y‖ (`lib.relative_error`); in mean square over random tokens it is
-√(Σ_i E‖y_i − ŷ_i‖² / Σ_i E‖y_i‖²).  Its square, error/energy, is called the
-*relative squared error*; `heads_needed` takes its tolerance in that form.
+The lag matrix M has rows vec(L_ℓ), ℓ < n (row-major), and rank k ({prf:ref}`def-lag-span`);
+G has rows √(n−ℓ) vec(L_ℓ).  Everything is computed from them, O(n p d N) work, except
+`fit_heads`, which builds the dense operator on purpose.  Sections: the exact count
+({prf:ref}`thm-head-count`), the least error of H heads ({prf:ref}`thm-approx-head-count`)
+with two independent routes, one token-dependent head (the rank gap for maps), the
+map-level count ({prf:ref}`thm-map-level-head-count`), S4D-style SSMs and the continuous limit.
+A *relative squared error* is Σ_i E‖y_i − ŷ_i‖² / Σ_i E‖y_i‖², the square of `lib.relative_error`.
 """
 
 from __future__ import annotations
@@ -46,369 +18,215 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._validation import (as_real_tensor, as_sequence, check_choice, check_int, check_real, check_rtol, check_shape,
-                          resolve_dtype)
-from .base import SequenceMap
+from ._validation import as_real_tensor, as_sequence, check_choice, check_int, check_real, check_rtol, resolve_dtype
+from .base import SequenceMap, _view
 from .factorized import RelativeHeads, factorized_operator
-from .spans import OperatorSpan, operator_span
+from .spans import OperatorSpan, _as_float64, _rank, _span, _witness
 from .ssm import LinearSSM
 
-__all__ = [
-    "lag_matrix",
-    "min_heads",
-    "minimal_polynomial_degree",
-    "lag_span_bound",
-    "heads_from_ssm",
-    "optimal_head_errors",
-    "truncated_heads",
-    "heads_needed",
-    "population_error",
-    "lag_energy_count",
-    "modal_lag_span_dimension",
-    "HeadFit",
-    "fit_heads",
-    "SampledErrors",
-    "sampled_head_errors",
-    "SingleHeadFit",
-    "token_dependent_single_head",
-    "SingleTokenWitness",
-    "single_head_witness",
-    "polynomial_values",
-    "complex_values",
-    "cayley_dickson_values",
-    "nonsingular_values",
-    "nonsingular_dimension_bounds",
-    "composition_defect",
-    "token_matrix",
-    "worst_conditioned_tokens",
-    "pointwise_lag_rank",
-    "MapHeadBounds",
-    "map_head_bounds",
-    "singular_token",
-    "token_miss",
-    "TokenDependentHeads",
-    "s4d_continuous",
-    "s4d_step",
-    "s4d_ssm",
-    "continuous_head_errors",
-]
 
-
-# -- the lag matrix and its span ----------------------------------------------
-
-
-def _check_ssm(ssm: Any, name: str = "ssm") -> LinearSSM:
+def _check_ssm(ssm: Any) -> LinearSSM:
     if not isinstance(ssm, LinearSSM):
-        raise TypeError(f"{name} must be a LinearSSM; got {type(ssm).__name__}")
+        raise TypeError(f"ssm must be a LinearSSM; got {type(ssm).__name__}")
     return ssm
 
 
-def lag_matrix(ssm: LinearSSM, n: int, weighted: bool = False) -> np.ndarray:
-    """The lag matrix: row ℓ is vec(L_ℓ) (times √(n−ℓ) if `weighted`), ℓ = 0..n−1.
+def _in_unit_interval(value: Any, name: str) -> float:
+    value = check_real(value, name)
+    if not 0 < value < 1:
+        raise ValueError(f"{name} must satisfy 0 < {name} < 1; got {value}")
+    return value
 
-    Implements the matrix M of {prf:ref}`def-lag-span` (rank k) and, weighted, the
-    matrix G of {prf:ref}`thm-approx-head-count`: lag ℓ acts on the n − ℓ pairs
-    (i, i − ℓ) of a length-n sequence, so G has the Gram matrix GᵀG of the
-    stack of all blocks 𝒲_ij, j ≤ i.  vec is row-major: vec(L)[a·d + b] = L[a, b].
 
-    Args:
-        ssm: a LinearSSM with p outputs and d inputs.
-        n: sequence length (number of lags).
-        weighted: multiply row ℓ by √(n − ℓ).
+# -- the lag matrix and the exact count -----------------------------------------------------
 
-    Returns:
-        float64 numpy array of shape (n, p·d).
 
-    Raises:
-        ValueError: if the lags overflow (spectral radius > 1 and n large).
-    """
-    ssm = _check_ssm(ssm)
-    n = check_int(n, "n")
-    if not isinstance(weighted, bool):
-        raise TypeError(f"weighted must be a bool; got {type(weighted).__name__}")
-    M = ssm.lags(n).astype(np.float64).reshape(n, ssm.p * ssm.d)
+def _weigh(M: np.ndarray) -> np.ndarray:
+    # Row ℓ of an (n, ·) matrix times √(n − ℓ): lag ℓ acts on n − ℓ pairs (i, i − ℓ).
+    return M * np.sqrt(np.arange(len(M), 0, -1, dtype=np.float64))[:, None]
+
+
+def _lag_matrix(ssm: LinearSSM, n: int, weighted: bool = False) -> np.ndarray:
+    M = ssm._lags(n).detach().cpu().to(torch.float64).numpy().reshape(n, ssm.p * ssm.d)
     if not np.isfinite(M).all():
         raise ValueError(f"ssm lags C A^l B overflow for n = {n} (spectral radius {ssm.spectral_radius:.3g})")
-    if weighted:
-        M *= np.sqrt(np.arange(n, 0, -1, dtype=np.float64))[:, None]
-    return M
+    return _weigh(M) if weighted else M
 
 
-def _row_span(M: np.ndarray, p: int, d: int, rtol: float) -> OperatorSpan:
-    """operator_span of the rows of M (m × pd), compressed to pd rows by QR when m > pd.
-
-    M = QR with orthonormal Q, so R has M's singular values and right singular
-    vectors: the span, its basis and its dimension are unchanged, and the SVD
-    costs O(m (pd)²) instead of an SVD of a tall matrix with its left factor.
-    """
-    if M.shape[0] > M.shape[1]:
-        M = np.linalg.qr(M, mode="r")
-    return operator_span(M.reshape(-1, p, d), rtol=rtol)
+def _lag_span(ssm: LinearSSM, n: int, rtol: float = 1e-10, weighted: bool = False) -> tuple[np.ndarray, OperatorSpan]:
+    # M and the span of its rows (weighted: of G's), from the R of a QR when n > pd (same σ and basis).
+    M = _lag_matrix(ssm, n)
+    rows = _weigh(M) if weighted else M
+    if n > rows.shape[1]:
+        rows = np.linalg.qr(rows, mode="r")
+    return M, _span(rows, ssm.p, ssm.d, rtol)
 
 
-def _lag_span(ssm: LinearSSM, n: int, rtol: float = 1e-10, weighted: bool = False) -> OperatorSpan:
-    return _row_span(lag_matrix(ssm, n, weighted), ssm.p, ssm.d, rtol)
+def _relative_heads(ssm: LinearSSM, M: np.ndarray, span: OperatorSpan, H: int) -> RelativeHeads:
+    # Values: the first H basis elements of the span; coefficients c[h, ℓ] = ⟨L_ℓ, V_h⟩_F.
+    V = span.basis[:H]
+    return RelativeHeads(V, (M @ V.reshape(H, ssm.p * ssm.d).T).T, dtype=ssm.dtype)
 
 
-def minimal_polynomial_degree(A: Any, rtol: float = 1e-10) -> int:
-    """Degree m_A of the minimal polynomial of a square matrix A (numerically).
-
-    m_A is the least m such that A^m is a combination of I, A, …, A^{m−1}, i.e. the rank
-    of the Krylov matrix [vec(I), vec(A), …, vec(A^N)] (N + 1 columns of length N²),
-    with the rank rule of `lib.spans.operator_span` (σ > rtol·σ_max).  Used by
-    {prf:ref}`prop-lag-span-bound`: k_n ≤ min(m_A, n, pd).
-
-    Args:
-        A: square matrix, shape (N, N) (numpy array or torch tensor; a LinearSSM's `.A`).
-        rtol: rank tolerance, 0 < rtol < 1.
-
-    Returns:
-        m_A, an int in 1..N (1 also for A = 0, whose minimal polynomial is z).
-    """
-    rtol = check_rtol(rtol)
-    A_t, _ = as_real_tensor(A, "A", dtype=torch.float64)
-    if A_t.ndim != 2 or A_t.shape[0] != A_t.shape[1] or A_t.shape[0] < 1:
-        raise ValueError(f"A must be a square matrix of shape (N, N) with N >= 1; got {tuple(A_t.shape)}")
-    A_np = A_t.detach().numpy()
-    N = A_np.shape[0]
-    # Scale A so powers neither overflow nor vanish: the degree does not depend on the scale.
-    scale = np.abs(A_np).max()
-    A_np = A_np / scale if scale > 0 else A_np
-    powers, power = [], np.eye(N)
-    for _ in range(N + 1):
-        powers.append(power.reshape(1, N, N))
-        power = power @ A_np
-    return max(1, operator_span(np.concatenate(powers), rtol).dim)
+def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
+    # tails[H] = Σ_{r≥H} squares[r], H = 0..H_max, summed from the smallest up (tiny tails keep their digits).
+    squares = np.concatenate([squares, np.zeros(max(0, H_max + 1 - len(squares)))])
+    return np.concatenate([np.cumsum(squares[::-1])[::-1], [0.0]])[: H_max + 1]
 
 
-def lag_span_bound(ssm: LinearSSM, n: int) -> int:
-    """The bound min(m_A, n, p·d) on the lag span dimension ({prf:ref}`prop-lag-span-bound`).
+def lag_matrix(ssm: LinearSSM, n: int, weighted: bool = False) -> np.ndarray:
+    """The lag matrix M of {prf:ref}`def-lag-span`, row ℓ = vec(L_ℓ): float64, shape (n, p·d).
 
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length, >= 1.
-
-    Returns:
-        min(deg of A's minimal polynomial, n, p·d).
+    Weighted, row ℓ is multiplied by √(n − ℓ): the matrix G of {prf:ref}`thm-approx-head-count`,
+    whose Gram matrix GᵀG is that of all blocks 𝒲_ij, j ≤ i.  ValueError if the lags overflow.
     """
     ssm, n = _check_ssm(ssm), check_int(n, "n")
-    return min(minimal_polynomial_degree(ssm.A), n, ssm.p * ssm.d)
+    if not isinstance(weighted, bool):
+        raise TypeError(f"weighted must be a bool; got {type(weighted).__name__}")
+    return _lag_matrix(ssm, n, weighted)
 
 
 def min_heads(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> int:
-    """k = dim span{L_0..L_{n−1}}: the least number of heads that represent the SSM on length n.
+    """k = dim span{L_0..L_{n−1}} ({prf:ref}`def-lag-span`): the least number of heads that represent the SSM.
 
-    Implements {prf:ref}`thm-head-count` (k heads are necessary and sufficient)
-    with k from {prf:ref}`def-lag-span`, computed as the numerical rank of the lag
-    matrix with the rule of `operator_span`: #{r : σ_r > rtol · σ_1} (0 if all
-    lags vanish).  By {prf:ref}`prop-lag-span-bound`, k ≤ min(deg minpoly(A), n, pd).
-
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length.
-        rtol: relative tolerance, 0 < rtol < 1.
-
-    Returns:
-        k, an int in 0..min(n, p·d).
+    {prf:ref}`thm-head-count` on length n: the numerical rank of M, rank rule of
+    `operator_span` with 0 < rtol < 1 (0 if every lag vanishes).
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
-    return _lag_span(ssm, n, rtol).dim
-
-
-def _heads_from_span(ssm: LinearSSM, n: int, span: OperatorSpan, H: int) -> RelativeHeads:
-    # Values: the first H basis elements (orthonormal); coefficients c[h, ℓ] = ⟨L_ℓ, V_h⟩_F.
-    V = span.basis[:H]
-    c = lag_matrix(ssm, n) @ V.reshape(len(V), ssm.p * ssm.d).T
-    return RelativeHeads(V, c.T, dtype=ssm.dtype)
+    return _lag_span(ssm, n, rtol)[1].dim
 
 
 def heads_from_ssm(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> RelativeHeads:
-    """The k-head relative-position model that equals the SSM on sequences of length ≤ n.
+    """The k-head RelativeHeads equal to the SSM on lengths ≤ n (sufficiency in {prf:ref}`thm-head-count`).
 
-    Implements the sufficiency half of {prf:ref}`thm-head-count`: with the SVD
-    M = U S Wᵀ of the lag matrix, V_h = reshape(W[:, h], (p, d)) for h < k is an
-    orthonormal basis of span{L_ℓ}, and c[h, ℓ] = ⟨L_ℓ, V_h⟩_F = U[ℓ, h] S[h], so
-
-        Σ_h c[h, i−j] V_h = C A^{i−j} B   for all 0 ≤ j ≤ i < n,
-
-    up to the singular values dropped by `rtol` (relative error ~1e-13 for the
-    default).  The coefficients are signed, unnormalised and input-independent.
-
-    Args:
-        ssm: a LinearSSM.
-        n: longest sequence length; the model rejects longer inputs.
-        rtol: rank tolerance, as in `min_heads`.
-
-    Returns:
-        RelativeHeads with H = k, V of shape (k, p, d), coefficients (k, n).
-        If k = 0 (all lags zero) the model has no heads and outputs zeros.
+    V_h: the first k right singular vectors of M, an orthonormal basis of the lag span;
+    c[h, ℓ] = ⟨L_ℓ, V_h⟩_F, so Σ_h c[h, i−j] V_h = C A^{i−j} B up to the singular values
+    dropped by `rtol` (as in `min_heads`).  V: (k, p, d), c: (k, n); k = 0 gives the zero model.
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
-    span = _lag_span(ssm, n, rtol)
-    return _heads_from_span(ssm, n, span, span.dim)
+    M, span = _lag_span(ssm, n, rtol)
+    return _relative_heads(ssm, M, span, span.dim)
 
 
-def optimal_head_errors(ssm: LinearSSM, n: int, H_max: int) -> np.ndarray:
-    """Least mean-square error of H-head models, H = 0..H_max: Σ_{r>H} σ_r(G)².
+def minimal_polynomial_degree(A: Any, rtol: float = 1e-10) -> int:
+    """m_A, the degree of the minimal polynomial of A (N, N), used by {prf:ref}`prop-lag-span-bound`.
 
-    Implements {prf:ref}`thm-approx-head-count`: for tokens x_j iid N(0, I_d) and
-    any H-head factorized model with input-independent coefficients α^h_ij,
-
-        min Σ_i E‖y_i − ŷ_i‖² = Σ_{r>H} σ_r(G)²,   G row ℓ = √(n−ℓ) vec(L_ℓ),
-
-    attained by `truncated_heads`.  Entry 0 is ‖G‖_F² = Σ_ℓ (n−ℓ)‖L_ℓ‖²_F, the
-    error of predicting zero.  The entries are 0 up to rounding for H ≥ k.
-
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length.
-        H_max: largest head count, >= 0.
-
-    Returns:
-        numpy array of shape (H_max + 1,), non-increasing.
+    The rank of the Krylov matrix [vec(I), vec(A), …, vec(A^N)] (rank rule of `operator_span`,
+    A first divided by its largest absolute entry); 1 for A = 0.
     """
-    ssm, n, H_max = _check_ssm(ssm), check_int(n, "n"), check_int(H_max, "H_max", minimum=0)
-    return _tail_energies(_lag_span(ssm, n, weighted=True).singular_values, H_max)
+    rtol = check_rtol(rtol)
+    A, _ = as_real_tensor(A, "A", dtype=torch.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:
+        raise ValueError(f"A must be a square matrix of shape (N, N) with N >= 1; got {tuple(A.shape)}")
+    return _minimal_polynomial_degree(A.detach().cpu().numpy(), rtol)
 
 
-def _tail_energies(sigma: np.ndarray, H_max: int) -> np.ndarray:
-    # tail[H] = Σ_{r>H} σ_r², summed from the smallest up so tiny tails keep their digits.
-    squares = np.concatenate([sigma.astype(np.float64) ** 2, np.zeros(max(0, H_max + 1 - len(sigma)))])
-    tails = np.concatenate([np.cumsum(squares[::-1])[::-1], [0.0]])
-    return tails[: H_max + 1].copy()
+def _minimal_polynomial_degree(A: np.ndarray, rtol: float) -> int:
+    N, scale = len(A), np.abs(A).max()
+    A = A / scale if scale > 0 else A
+    powers, power = [], np.eye(N)
+    for _ in range(N + 1):
+        powers.append(power.ravel())
+        power = power @ A
+    return max(1, _span(np.stack(powers), N, N, rtol).dim)
 
 
-def truncated_heads(ssm: LinearSSM, n: int, H: int) -> RelativeHeads:
-    """The optimal H-head model in mean square under Gaussian tokens.
-
-    Implements the attaining model of {prf:ref}`thm-approx-head-count`: with the
-    SVD G = U S Wᵀ of the weighted lag matrix, V_h = reshape(W[:, h], (p, d)) and
-    c[h, ℓ] = ⟨L_ℓ, V_h⟩_F = U[ℓ, h] S[h] / √(n−ℓ) (Eckart–Young truncation of G,
-    row weights divided out).  Its error `population_error(ssm, model, n)` equals
-    `optimal_head_errors(ssm, n, H)[H]`.
-
-    Deviation: when H exceeds the numerical rank k of G (rank rule of
-    `operator_span`, rtol = 1e-10), only k heads are returned — further heads
-    would have zero coefficients.  The model is then exact like `heads_from_ssm`.
-
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length; the model rejects longer inputs.
-        H: number of heads, >= 0.
-
-    Returns:
-        RelativeHeads with min(H, k) heads, coefficients of shape (min(H, k), n).
-    """
-    ssm, n, H = _check_ssm(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
-    span = _lag_span(ssm, n, weighted=True)
-    return _heads_from_span(ssm, n, span, min(H, span.dim))
-
-
-def heads_needed(ssm: LinearSSM, n: int, eps: float) -> int:
-    """Least H whose optimal relative squared error is ≤ eps: optimal_head_errors[H] ≤ eps · optimal_head_errors[0].
-
-    The approximate head count of {prf:ref}`thm-approx-head-count`: the number of
-    heads a factorized model with input-independent coefficients needs to
-    reproduce the SSM on length-n sequences with Σ_i E‖y_i − ŷ_i‖² ≤ eps · Σ_i E‖y_i‖².
-    eps is a relative *squared* error: a relative error δ in norm (the book's
-    "relative error", `lib.relative_error`) is eps = δ², so eps = 10⁻² is a 10 % error.
-
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length.
-        eps: relative squared error, 0 < eps < 1.
-
-    Returns:
-        H in 0..min(n, p·d) (0 if all lags vanish).
-    """
+def lag_span_bound(ssm: LinearSSM, n: int) -> int:
+    """min(m_A, n, p·d), the bound on k of {prf:ref}`prop-lag-span-bound`, for a LinearSSM and n >= 1."""
     ssm, n = _check_ssm(ssm), check_int(n, "n")
-    eps = _check_eps(eps)
-    sigma = _lag_span(ssm, n, weighted=True).singular_values
-    errors = _tail_energies(sigma, len(sigma))
-    return int(np.argmax(errors <= eps * errors[0]))
+    return min(_minimal_polynomial_degree(ssm.A.astype(np.float64), 1e-10), n, ssm.p * ssm.d)
 
 
-def _check_eps(eps: Any) -> float:
-    eps = check_real(eps, "eps")
-    if not 0 < eps < 1:
-        raise ValueError(f"eps must satisfy 0 < eps < 1; got {eps}")
-    return eps
-
-
-def lag_energy_count(ssm: LinearSSM, n: int, eps: float) -> int:
-    """L_ε: the least L such that the lags ℓ ≥ L carry at most eps of the weighted energy.
-
-    Σ_{ℓ ≥ L} (n − ℓ) ‖L_ℓ‖²_F ≤ eps · Σ_ℓ (n − ℓ) ‖L_ℓ‖²_F.  By
-    {prf:ref}`prop-heads-needed-lag-bound`, heads_needed(ssm, n, eps) ≤ L_ε: the span of
-    the first L_ε lags, used as value maps, already leaves at most that tail.  Computed
-    from the lag norms alone (no singular values).
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.  eps: relative squared error, 0 < eps < 1.
-
-    Returns:
-        L_ε in 0..n (0 if all lags vanish).
-    """
-    ssm, n = _check_ssm(ssm), check_int(n, "n")
-    eps = _check_eps(eps)
-    energy = (lag_matrix(ssm, n, weighted=True) ** 2).sum(axis=1)
-    tails = np.concatenate([np.cumsum(energy[::-1])[::-1], [0.0]])  # tails[L] = Σ_{ℓ≥L}
-    return int(np.argmax(tails <= eps * tails[0]))
-
-
-def _modes(A: np.ndarray, name: str, separation: float, max_condition: float):
-    # Eigenvalues λ (N,), right eigenvectors R (N, N) and left ones R⁻¹ of a diagonalisable A with
-    # distinct eigenvalues; ValueError naming `name` otherwise.
-    lam, R = np.linalg.eig(A)
+def _residues(A: np.ndarray, B: np.ndarray, C: np.ndarray, name: str, separation: float = 1e-8,
+              max_condition: float = 1e8) -> tuple[np.ndarray, np.ndarray]:
+    # For A = Σ_m μ_m v_m w_mᵀ with distinct μ_m: μ (N,) and the rows vec(C v_m w_mᵀ B), (N, pd).
+    mu, R = np.linalg.eig(A)
     if np.linalg.cond(R) > max_condition:
         raise ValueError(f"{name} is too far from diagonalisable for the modal route "
                          f"(eigenvector condition number {np.linalg.cond(R):.2e} > {max_condition:g})")
-    gaps = np.abs(lam[:, None] - lam[None, :])
+    gaps = np.abs(mu[:, None] - mu[None, :])
     np.fill_diagonal(gaps, np.inf)
-    if len(lam) > 1 and gaps.min() <= separation * max(1.0, np.abs(lam).max()):
+    if len(mu) > 1 and gaps.min() <= separation * max(1.0, np.abs(mu).max()):
         raise ValueError(f"{name} has (nearly) repeated eigenvalues (smallest gap {gaps.min():.2e}); "
                          "the modal route needs distinct ones")
-    return lam, R, np.linalg.inv(R)
+    return mu, np.einsum("pm,md->mpd", C @ R, np.linalg.inv(R) @ B).reshape(len(mu), -1)
 
 
 def modal_lag_span_dimension(ssm: LinearSSM, n: int, rtol: float = 1e-10, *, separation: float = 1e-8,
                              max_condition: float = 1e8) -> int:
-    """k_n from the modes of A: the rank of the N × pd residue matrix [vec(C v_m w_mᵀ B)]_m.
+    """k from the modes of A ({prf:ref}`prop-modal-lag-span`): the rank of the residues vec(C v_m w_mᵀ B).
 
-    Implements {prf:ref}`prop-modal-lag-span`: if A = Σ_m λ_m v_m w_mᵀ has N distinct
-    eigenvalues and n ≥ N, then span{L_0..L_{n−1}} = span_ℂ{C v_m w_mᵀ B} and k_n is the
-    rank of the residue matrix.  That matrix holds no powers λ^ℓ, so its rank is not
-    blurred by lags that decay below rounding or by eigenvalues that nearly coincide:
-    at n = 1024 and ρ = 0.5 an S4D SSM with N = 32 has numerical lag rank (`min_heads`)
-    30, while its k is 32.  The rank rule is that of `operator_span` (σ > rtol·σ_max).
-
-    Args:
-        ssm: a LinearSSM whose A is diagonalisable with distinct eigenvalues.
-        n: sequence length, n ≥ N.
-        rtol: rank tolerance, 0 < rtol < 1.
-        separation: eigenvalues closer than separation·max(1, max|λ|) count as repeated.
-        max_condition: largest accepted condition number of the eigenvector matrix.
-
-    Returns:
-        k_n, an int in 0..min(N, p·d).
-
-    Raises:
-        ValueError: if n < N, if A has (nearly) repeated eigenvalues, or if its
-            eigenvectors are worse conditioned than max_condition.
+    Needs n ≥ N and A diagonalisable (eigenvector condition <= max_condition) with distinct
+    eigenvalues (gaps > separation · max(1, max|λ|)).  No powers λ^ℓ enter, so lags that
+    decay below rounding do not blur the rank: at n = 1024 and ρ = 0.5 an S4D SSM with
+    N = 32 has `min_heads` 30 but k = 32.  Rank rule of `operator_span`.
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
+    separation = check_real(separation, "separation", positive=True)
+    max_condition = check_real(max_condition, "max_condition", positive=True)
+    return _modal_dimension(ssm, n, rtol, separation, max_condition)
+
+
+def _modal_dimension(ssm: LinearSSM, n: int, rtol: float, separation: float = 1e-8,
+                     max_condition: float = 1e8) -> int:
     if n < ssm.N:
         raise ValueError(f"n must be >= N = {ssm.N} for the modal route; got n = {n}")
-    _, R, left = _modes(ssm.A.astype(np.float64), "ssm.A", separation, max_condition)
-    residues = np.einsum("pm,md->mpd", ssm.C @ R, left @ ssm.B).reshape(ssm.N, -1)
-    sigma = np.linalg.svd(residues, compute_uv=False)
-    return int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+    _, residues = _residues(ssm.A.astype(np.float64), ssm.B, ssm.C, "ssm.A", separation, max_condition)
+    return _rank(np.linalg.svd(residues, compute_uv=False), rtol)
+
+
+# -- the least error of H heads (thm-approx-head-count) ----------------------------------------
+
+
+def optimal_head_errors(ssm: LinearSSM, n: int, H_max: int) -> np.ndarray:
+    """Σ_{r>H} σ_r(G)², H = 0..H_max: the least Σ_i E‖y_i − ŷ_i‖² of H heads, shape (H_max + 1,).
+
+    {prf:ref}`thm-approx-head-count`: tokens with E[x_j x_j'ᵀ] = δ_jj' I, H heads with
+    input-independent coefficients; attained by `truncated_heads`.  Entry 0 is ‖G‖²_F, the
+    error of the zero model; entries H ≥ k are 0 up to rounding.
+    """
+    ssm, n, H_max = _check_ssm(ssm), check_int(n, "n"), check_int(H_max, "H_max", minimum=0)
+    return _tails(_lag_span(ssm, n, weighted=True)[1].singular_values ** 2, H_max)
+
+
+def truncated_heads(ssm: LinearSSM, n: int, H: int) -> RelativeHeads:
+    """The H-head RelativeHeads attaining `optimal_head_errors(ssm, n, H)[H]` ({prf:ref}`thm-approx-head-count`).
+
+    V_h: the first H right singular vectors of G; c[h, ℓ] = ⟨L_ℓ, V_h⟩_F (Eckart–Young on G,
+    row weights divided out).  Deviation: only min(H, rank G) heads are built (rank rule of
+    `operator_span`, rtol = 1e-10); further heads would have zero coefficients.
+    """
+    ssm, n, H = _check_ssm(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
+    M, span = _lag_span(ssm, n, weighted=True)
+    return _relative_heads(ssm, M, span, min(H, span.dim))
+
+
+def heads_needed(ssm: LinearSSM, n: int, eps: float) -> int:
+    """The least H with Σ_{r>H} σ_r(G)² ≤ eps ‖G‖²_F ({prf:ref}`thm-approx-head-count`); 0 if all lags vanish.
+
+    eps, 0 < eps < 1, is a relative squared error: eps = 10⁻² is a 10 % relative error.
+    """
+    ssm, n, eps = _check_ssm(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
+    sigma = _lag_span(ssm, n, weighted=True)[1].singular_values
+    errors = _tails(sigma ** 2, len(sigma))
+    return int(np.argmax(errors <= eps * errors[0]))
+
+
+def lag_energy_count(ssm: LinearSSM, n: int, eps: float) -> int:
+    """L_ε, the least L with Σ_{ℓ≥L} (n−ℓ)‖L_ℓ‖²_F ≤ eps Σ_ℓ (n−ℓ)‖L_ℓ‖²_F (eps as in `heads_needed`).
+
+    The bound heads_needed ≤ L_ε of {prf:ref}`prop-heads-needed-lag-bound`, from the lag
+    norms alone; 0 if every lag vanishes.
+    """
+    ssm, n, eps = _check_ssm(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
+    tails = _tails((_lag_matrix(ssm, n, weighted=True) ** 2).sum(axis=1), n)
+    return int(np.argmax(tails <= eps * tails[0]))
 
 
 def _kernel(model: Any, n: int, name: str) -> np.ndarray:
-    # The lags (n, p, d) of an input-independent causal convolution model.
+    # The lags (n, p, d) of an input-independent causal convolution, float64.
     if isinstance(model, LinearSSM):
-        return lag_matrix(model, n).reshape(n, model.p, model.d)
+        return _lag_matrix(model, n).reshape(n, model.p, model.d)
     if isinstance(model, RelativeHeads):
         if model.max_length < n:
             raise ValueError(f"{name} accepts sequences of length <= {model.max_length}; got n = {n}")
@@ -417,46 +235,22 @@ def _kernel(model: Any, n: int, name: str) -> np.ndarray:
 
 
 def population_error(teacher: LinearSSM | RelativeHeads, student: LinearSSM | RelativeHeads, n: int) -> float:
-    """Σ_i E‖y_i − ŷ_i‖² over tokens x_j iid N(0, I_d), in closed form.
+    """Σ_i E‖y_i − ŷ_i‖² = Σ_ℓ (n−ℓ)‖K_ℓ − K̂_ℓ‖²_F for iid N(0, I_d) tokens, in closed form.
 
-    Both models are causal convolutions with lags K_ℓ and K̂_ℓ, so
-    y_i − ŷ_i = Σ_{ℓ≤i} (K_ℓ − K̂_ℓ) x_{i−ℓ} and, as E[x xᵀ] = I,
-
-        Σ_i E‖y_i − ŷ_i‖² = Σ_ℓ (n − ℓ) ‖K_ℓ − K̂_ℓ‖²_F.
-
-    The quantity minimised in {prf:ref}`thm-approx-head-count`; the error of
-    `truncated_heads(ssm, n, H)` is `optimal_head_errors(ssm, n, H)[H]`.
-
-    Args:
-        teacher, student: LinearSSM or RelativeHeads with equal (p, d).
-        n: sequence length (at most max_length of a RelativeHeads).
-
-    Returns:
-        The error, a float >= 0.
+    The objective of {prf:ref}`thm-approx-head-count` between two causal convolutions
+    (LinearSSM or RelativeHeads with lags K_ℓ, K̂_ℓ and equal (p, d)) on length n.
     """
     n = check_int(n, "n")
     K, K_hat = _kernel(teacher, n, "teacher"), _kernel(student, n, "student")
     if K.shape != K_hat.shape:
         raise ValueError(f"student must have (p, d) = {K.shape[1:]} like the teacher; got {K_hat.shape[1:]}")
-    weights = np.arange(n, 0, -1, dtype=np.float64)
-    return float(weights @ ((K - K_hat) ** 2).sum(axis=(1, 2)))
-
-
-# -- the least error by optimisation and by sampling -----------------------------
+    return float(np.arange(n, 0, -1, dtype=np.float64) @ ((K - K_hat) ** 2).sum(axis=(1, 2)))
 
 
 @dataclass(frozen=True)
 class HeadFit:
-    """The best input-independent H-head model an optimiser found (`fit_heads`).
-
-    Attributes:
-        error: Σ_{i,j} ‖𝒲_ij − Σ_h α^h_ij V_h‖²_F of the best restart, which is
-            Σ_i E‖y_i − ŷ_i‖² for tokens with E[x_j x_j'ᵀ] = δ_jj' I.
-        V: value maps of the best restart, shape (H, p, d).
-        coefficients: α^h_ij of the best restart, shape (H, n, n) (every pair, causal or not).
-        restart_errors: the final error of each restart, shape (restarts,).
-        method: "lbfgs" or "als".
-    """
+    """`fit_heads`, best restart: error Σ_{i,j} ‖𝒲_ij − Σ_h α^h_ij V_h‖²_F, V (H, p, d),
+    coefficients α (H, n, n); restart_errors (restarts,); method."""
 
     error: float
     V: np.ndarray
@@ -465,16 +259,9 @@ class HeadFit:
     method: str
 
 
-def _dense_operator(ssm: LinearSSM, n: int) -> np.ndarray:
-    # 𝒲_ij = L_{i−j} for j ≤ i, 0 otherwise: the full (n, n, p, d) operator, built on purpose.
-    lags = ssm.lags(n).astype(np.float64)
-    lag = np.arange(n)[:, None] - np.arange(n)[None, :]
-    return np.where((lag >= 0)[..., None, None], lags[np.clip(lag, 0, None)], 0.0)
-
-
 def _fit_lbfgs(W: np.ndarray, H: int, rng: np.random.Generator, max_iter: int):
     # Variable projection: for fixed V the best α is the least-squares fit of every block on
-    # span{V_h} (an H × H solve), so L-BFGS runs on V alone, f(V) = Σ_ij ‖𝒲_ij − proj_V 𝒲_ij‖².
+    # span{V_h}, so L-BFGS runs on V alone, f(V) = Σ_ij ‖𝒲_ij − proj_V 𝒲_ij‖² / ‖𝒲‖².
     n, _, p, d = W.shape
     scale = float((W ** 2).sum())
     rows = torch.tensor(W.reshape(n * n, p * d) / math.sqrt(scale))
@@ -497,12 +284,12 @@ def _fit_lbfgs(W: np.ndarray, H: int, rng: np.random.Generator, max_iter: int):
         optimiser.step(closure)
         with torch.no_grad():
             current = float(fitted(V)[0])
-        if current <= 1e-26 or not previous - current > 1e-15 * current:   # relative to ‖𝒲‖²: exact, or stalled
+        if current <= 1e-26 or not previous - current > 1e-15 * current:   # exact, or stalled
             break
         previous = current
     with torch.no_grad():
         loss, alpha = fitted(V)
-    return float(loss) * scale, V.detach().numpy().reshape(H, p, d).copy(), \
+    return float(loss) * scale, V.detach().numpy().reshape(H, p, d), \
         alpha.numpy().T.reshape(H, n, n) * math.sqrt(scale)
 
 
@@ -523,65 +310,36 @@ def _fit_als(W: np.ndarray, H: int, rng: np.random.Generator, max_iter: int):
 
 def fit_heads(ssm: LinearSSM, n: int, H: int, *, method: str = "lbfgs", restarts: int = 3, seed: Any = 0,
               max_iter: int = 3000) -> HeadFit:
-    """Minimise the error of an input-independent H-head model by an optimiser (no SVD).
+    """The least Σ_{i,j} ‖𝒲_ij − Σ_h α^h_ij V_h‖²_F over H heads found by an optimiser (no SVD).
 
-    An independent route to {prf:ref}`thm-approx-head-count`.  The model is the general
-    one of the theorem — any coefficient α^h_ij for every pair (i, j), causal or not,
-    and any value maps V_h — and the objective is the dense
-    Σ_{i,j} ‖𝒲_ij − Σ_h α^h_ij V_h‖²_F over the SSM's n × n × p × d operator, so neither
-    the reduction to lags nor a singular value decomposition enters.  The theorem says
-    its minimum is `optimal_head_errors(ssm, n, H)[H]`; an optimiser can only stop at or
-    above it.
-
-    Methods (float64, `restarts` random starts, the best one kept):
-
-    - "lbfgs": torch.optim.LBFGS with strong-Wolfe line search on the value maps V,
-      with the coefficients eliminated exactly (for fixed V the best α_ij is the
-      least-squares fit of 𝒲_ij on span{V_h}, an H × H linear solve — variable
-      projection); the objective is divided by ‖𝒲‖²; rounds of 100 iterations until a
-      round improves it by less than 1e-15 relative (or it is below 1e-26, an exact
-      fit), at most max_iter iterations;
-    - "als": alternating least squares (α for fixed V, then V for fixed α, each by
-      numpy.linalg.lstsq) until a sweep improves by less than 1e-15 relative (or the
-      error is below 1e-26 ‖𝒲‖²), at most max_iter sweeps.
-
-    Args:
-        ssm: a LinearSSM.
-        n: sequence length (the dense operator has n² blocks: keep n small, say ≤ 64).
-        H: number of heads, >= 0 (H = 0 returns the error of the zero model, ‖𝒲‖²).
-        method: "lbfgs" or "als".
-        restarts: number of random starts, >= 1.
-        seed: seed of numpy's default_rng for the starts.
-        max_iter: iteration budget per start, >= 1.
-
-    Returns:
-        HeadFit(error, V (H, p, d), coefficients (H, n, n), restart_errors (restarts,), method).
+    An independent route to {prf:ref}`thm-approx-head-count`: any α_ij (causal or not) and
+    V_h on the dense n × n × p × d operator (keep n ≤ 64); it can only stop at or above
+    `optimal_head_errors(ssm, n, H)[H]`.  "lbfgs": torch L-BFGS on V, α eliminated by least
+    squares, in rounds of 100 iterations; "als": alternating least squares.  Both stop when a
+    round gains < 1e-15 relative or the error is < 1e-26 ‖𝒲‖²; the best of `restarts`
+    starts (default_rng(seed)) is kept, at most max_iter iterations each.  H = 0 or lags
+    that all vanish give the zero model.
     """
     ssm, n = _check_ssm(ssm), check_int(n, "n")
     H, restarts = check_int(H, "H", minimum=0), check_int(restarts, "restarts")
     max_iter = check_int(max_iter, "max_iter")
     method = check_choice(method, "method", ("lbfgs", "als"))
-    W = _dense_operator(ssm, n)
-    if H == 0:
-        return HeadFit(float((W ** 2).sum()), np.zeros((0, ssm.p, ssm.d)), np.zeros((0, n, n)),
-                       np.full(restarts, float((W ** 2).sum())), method)
+    lags = _lag_matrix(ssm, n).reshape(n, ssm.p, ssm.d)
+    lag = np.arange(n)[:, None] - np.arange(n)[None, :]
+    W = np.where((lag >= 0)[..., None, None], lags[np.clip(lag, 0, None)], 0.0)   # 𝒲_ij = L_{i−j}, j ≤ i
+    energy = float((W ** 2).sum())
+    if H == 0 or energy == 0:                                    # the zero model is optimal
+        return HeadFit(energy, np.zeros((H, ssm.p, ssm.d)), np.zeros((H, n, n)), np.full(restarts, energy), method)
     rng = np.random.default_rng(seed)
-    fit = _fit_lbfgs if method == "lbfgs" else _fit_als
-    runs = [fit(W, H, rng, max_iter) for _ in range(restarts)]
+    runs = [(_fit_lbfgs if method == "lbfgs" else _fit_als)(W, H, rng, max_iter) for _ in range(restarts)]
     best = min(runs, key=lambda run: run[0])
     return HeadFit(float(best[0]), best[1], best[2], np.array([run[0] for run in runs]), method)
 
 
 @dataclass(frozen=True)
 class SampledErrors:
-    """Monte Carlo estimates of Σ_i E‖y_i − ŷ_i‖² (`sampled_head_errors`).
-
-    Attributes:
-        heads: the head counts H, as a tuple.
-        mean: the sample mean of Σ_i ‖y_i − ŷ_i‖² per H, shape (len(heads),).
-        stderr: its standard error (sample standard deviation / √samples), shape (len(heads),).
-        samples: number of sequences.  tokens: "gaussian" or "rademacher".
-    """
+    """`sampled_head_errors`: heads (tuple); mean of Σ_i ‖y_i − ŷ_i‖² and its standard error
+    (std / √samples), shape (len(heads),) each; samples; tokens."""
 
     heads: tuple
     mean: np.ndarray
@@ -592,24 +350,11 @@ class SampledErrors:
 
 def sampled_head_errors(ssm: LinearSSM, n: int, heads: Any, samples: int, *, tokens: str = "gaussian",
                         seed: Any = 0, chunk: int = 4096) -> SampledErrors:
-    """Monte Carlo estimates of the errors of `truncated_heads(ssm, n, H)` for H in `heads`.
+    """Monte Carlo errors of `truncated_heads(ssm, n, H)`, H in `heads` ({prf:ref}`thm-approx-head-count`).
 
-    Sequences of n tokens with iid entries — N(0, 1) ("gaussian") or ±1 with equal
-    probability ("rademacher") — so E[x_j x_j'ᵀ] = δ_jj' I, the only property of the
-    tokens {prf:ref}`thm-approx-head-count` uses.  y comes from the SSM's own forward pass
-    (its recurrence or scan), ŷ from the model's causal convolution, and every H is scored
-    on the same sequences.
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.
-        heads: head counts, an iterable of ints >= 0.
-        samples: number of sequences, >= 2.
-        tokens: "gaussian" or "rademacher".
-        seed: seed of numpy's default_rng.
-        chunk: sequences per batch (memory only; the estimates do not depend on it).
-
-    Returns:
-        SampledErrors(heads, mean, stderr, samples, tokens).
+    `samples` (>= 2) sequences of iid N(0, 1) ("gaussian") or ±1 ("rademacher") entries, so
+    E[x_j x_j'ᵀ] = δ_jj' I; y from the SSM's forward pass, ŷ from the model's, every H on
+    the same sequences (numpy default_rng(seed), `chunk` sequences at a time).
     """
     ssm, n = _check_ssm(ssm), check_int(n, "n")
     samples, chunk = check_int(samples, "samples", minimum=2), check_int(chunk, "chunk")
@@ -617,33 +362,28 @@ def sampled_head_errors(ssm: LinearSSM, n: int, heads: Any, samples: int, *, tok
     if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
         raise TypeError(f"heads must be an iterable of head counts; got {type(heads).__name__}")
     heads = tuple(check_int(H, "heads[...]", minimum=0) for H in heads)
-    models = [truncated_heads(ssm, n, H) for H in heads]
+    M, span = _lag_span(ssm, n, weighted=True)
+    models = [_relative_heads(ssm, M, span, min(H, span.dim)) for H in heads]
     rng = np.random.default_rng(seed)
     per_sequence = np.empty((len(heads), samples))
     for start in range(0, samples, chunk):
         size = min(chunk, samples - start)
         X = rng.standard_normal((size, n, ssm.d)) if tokens == "gaussian" else \
             rng.choice([-1.0, 1.0], size=(size, n, ssm.d))
-        Y = np.asarray(ssm(X))
+        Y = ssm(X)
         for r, model in enumerate(models):
-            per_sequence[r, start:start + size] = ((Y - np.asarray(model(X))) ** 2).sum(axis=(1, 2))
+            per_sequence[r, start:start + size] = ((Y - model(X)) ** 2).sum(axis=(1, 2))
     return SampledErrors(heads, per_sequence.mean(axis=1),
                          per_sequence.std(axis=1, ddof=1) / math.sqrt(samples), samples, tokens)
 
 
-# -- one head with token-dependent coefficients ----------------------------------
+# -- one head with token-dependent coefficients (the rank gap for maps) ------------------------
 
 
 @dataclass(frozen=True)
 class SingleHeadFit:
-    """The best single head with input-dependent coefficients, input by input.
-
-    Attributes:
-        outputs: ŷ_i = V Σ_j α_ij(X) x_j, shape (b, n, p).
-        coefficients: α_ij(X), shape (b, n, n) (zero for j > i when causal).
-        errors: ‖y_i − ŷ_i‖² = dist(y_i, V·span{x_j})², shape (b, n).
-        targets: the SSM's outputs y, shape (b, n, p).
-    """
+    """`token_dependent_single_head`: outputs ŷ (b, n, p); coefficients α_ij(X) (b, n, n);
+    errors ‖y_i − ŷ_i‖² (b, n); targets, the SSM's outputs y (b, n, p)."""
 
     outputs: np.ndarray
     coefficients: np.ndarray
@@ -652,35 +392,20 @@ class SingleHeadFit:
 
 
 def token_dependent_single_head(ssm: LinearSSM, X: Any, V: Any, *, causal: bool = True) -> SingleHeadFit:
-    """The best single head y_i = Σ_j α_ij(X) V x_j, its coefficients chosen for each input.
+    """The best y_i = Σ_j α_ij(X) V x_j, α chosen for each input ({prf:ref}`prop-single-head-generic-inputs`).
 
-    Implements the construction of {prf:ref}`prop-single-head-generic-inputs`: for each
-    input X and position i, α_i· is the least-norm least-squares solution of
-    V Σ_j α_ij x_j ≈ y_i over j ≤ i (causal) or all j, with y the SSM's output; so ŷ_i
-    is the point of V·span{x_j} nearest to y_i.  Where the tokens x_1..x_i span ℝ^d and
-    rank V = p, the error is 0 up to rounding.  The coefficients are functions of the
-    whole input — signed, unnormalised and unbounded, nothing like softmax weights.
-    Computed with numpy.linalg.pinv (singular values below 1e-12 of the largest dropped).
-
-    Args:
-        ssm: a LinearSSM with p outputs and d inputs.
-        X: inputs, shape (n, d) or (b, n, d).
-        V: the value map, shape (p, d).
-        causal: restrict position i to the tokens j ≤ i.
-
-    Returns:
-        SingleHeadFit(outputs (b, n, p), coefficients (b, n, n), errors (b, n), targets (b, n, p)).
+    X: (n, d) or (b, n, d); V: (p, d).  α_i· is the least-norm least-squares solution of
+    V Σ_j α_ij x_j ≈ y_i over j ≤ i (all j if not causal; numpy pinv, rtol 1e-12), so ŷ_i is
+    the point of V·span{x_j} nearest to the SSM's y_i.
     """
     ssm = _check_ssm(ssm)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    batch, _, _ = as_sequence(X, ssm.d, dtype=torch.float64, name="X")
-    V_t, _ = as_real_tensor(V, "V", dtype=torch.float64)
-    check_shape(V_t, "V", ("p", "d"), {"p": ssm.p, "d": ssm.d})
-    X_np, V_np = batch.numpy(), V_t.numpy()
-    Y = np.asarray(ssm(X_np))
-    b, n, _ = X_np.shape
-    projected = np.einsum("pd,bjd->bpj", V_np, X_np)                    # column j is V x_j
+    X = as_sequence(X, ssm.d, dtype=torch.float64, name="X")[0].detach().cpu().numpy()
+    V = _as_float64(V, "V", ("p", "d"), {"p": ssm.p, "d": ssm.d})
+    Y = ssm(X)
+    b, n, _ = X.shape
+    projected = np.einsum("pd,bjd->bpj", V, X)                           # column j is V x_j
     alpha = np.zeros((b, n, n))
     for i in range(n):
         cols = i + 1 if causal else n
@@ -689,16 +414,17 @@ def token_dependent_single_head(ssm: LinearSSM, X: Any, V: Any, *, causal: bool 
     return SingleHeadFit(outputs, alpha, ((Y - outputs) ** 2).sum(axis=2), Y)
 
 
+def _single_token_outputs(ssm: LinearSSM, n: int, u: np.ndarray) -> np.ndarray:
+    # The SSM's outputs L_ℓ u, shape (n, p), on the input (u, 0, …, 0), from its forward pass.
+    X = np.zeros((1, n, ssm.d))
+    X[0, 0] = u
+    return ssm(X)[0]
+
+
 @dataclass(frozen=True)
 class SingleTokenWitness:
-    """An input on which every single head with a given value map misses an SSM (`single_head_witness`).
-
-    Attributes:
-        lag: ℓ; the input is (u, 0, …, 0) and the miss is at position 1 + ℓ (index ℓ).
-        token: u, shape (d,), unit norm.
-        miss: the least relative error ‖y − ŷ‖/‖y‖ at that position over all coefficients, with
-            y = L_ℓ u from the SSM's own forward pass and ŷ ∈ span{V u}.
-    """
+    """`single_head_witness`: lag ℓ (the miss is at index ℓ of the input (u, 0, …, 0)); token
+    u, unit, shape (d,); miss, the least ‖y − ŷ‖/‖y‖ there over ŷ ∈ span{V u}."""
 
     lag: int
     token: np.ndarray
@@ -706,211 +432,129 @@ class SingleTokenWitness:
 
 
 def single_head_witness(ssm: LinearSSM, n: int, V: Any, rtol: float = 1e-10) -> SingleTokenWitness | None:
-    """The single-token input of {prf:ref}`thm-rank-gap-map` on which a single head with value map V fails.
+    """The single-token input of {prf:ref}`thm-rank-gap-map` on which every single head with value V misses.
 
-    The theorem's contrapositive, made constructive: if some lag L_ℓ (ℓ < n) is not a
-    multiple of V, `lib.spans.pointwise_witness` gives a token u with L_ℓ u ∉ span{V u}.
-    On the input (u, 0, …, 0) a single head y_i = Σ_j α_ij(X) V x_j outputs a multiple of
-    V u at every position whatever its coefficients, while the SSM outputs y_{1+ℓ} = L_ℓ u;
-    the miss is measured from the SSM's forward pass (its recurrence), by least squares
-    on V u (V u below rtol·‖V‖ counts as 0, so the miss is then 1).  Among the lags with a
-    witness, the one with the largest miss is returned.
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.  V: the value map, shape (p, d).
-        rtol: as in `pointwise_witness`.
-
-    Returns:
-        SingleTokenWitness(lag, token, miss), or None when every lag is a multiple of V
-        (then one head with value V represents the SSM: {prf:ref}`thm-rank-gap`).
+    For each lag L_ℓ (ℓ < n) not a multiple of V, `pointwise_witness` gives u with
+    L_ℓ u ∉ span{V u}; on (u, 0, …, 0) a single head outputs multiples of V u, the SSM
+    y_ℓ = L_ℓ u (its forward pass).  The lag with the largest miss is returned (miss 1 when
+    ‖V u‖ <= rtol ‖V‖); None when every lag is a multiple of V ({prf:ref}`thm-rank-gap`).
+    V: shape (p, d); rtol as in `pointwise_witness`.
     """
-    from .spans import pointwise_witness
-
     ssm, n = _check_ssm(ssm), check_int(n, "n")
-    V_t, _ = as_real_tensor(V, "V", dtype=torch.float64)
-    check_shape(V_t, "V", ("p", "d"), {"p": ssm.p, "d": ssm.d})
-    V = V_t.numpy()
-    lags = ssm.lags(n).astype(np.float64)
+    V = _as_float64(V, "V", ("p", "d"), {"p": ssm.p, "d": ssm.d})
+    rtol = check_rtol(rtol)
+    lags = _lag_matrix(ssm, n).reshape(n, ssm.p, ssm.d)
     best = None
     for ell in range(n):
-        u = pointwise_witness(lags[ell], V, rtol)
+        u = _witness(lags[ell], V, rtol)
         if u is None:
             continue
-        X = np.zeros((1, n, ssm.d))
-        X[0, 0] = u
-        y, Vu = np.asarray(ssm(X))[0, ell], V @ u
-        if np.linalg.norm(Vu) <= rtol * np.linalg.norm(V):
-            miss = 1.0
-        else:
-            miss = float(np.linalg.norm(y - (y @ Vu) / (Vu @ Vu) * Vu) / np.linalg.norm(y))
+        y, Vu = _single_token_outputs(ssm, n, u)[ell], V @ u
+        miss = 1.0 if np.linalg.norm(Vu) <= rtol * np.linalg.norm(V) else \
+            float(np.linalg.norm(y - (y @ Vu) / (Vu @ Vu) * Vu) / np.linalg.norm(y))
         if best is None or miss > best.miss:
             best = SingleTokenWitness(ell, u, miss)
     return best
 
 
-# -- the map level: value families that span ℝ^p at every token ------------------
+# -- the map level: value families that span ℝ^p at every token ------------------------------
 
 
-def _check_sizes(p: Any, d: Any) -> tuple[int, int]:
-    return check_int(p, "p"), check_int(d, "d")
+_J = ((0.0, -1.0), (1.0, 0.0))  # rotation by 90°
 
 
 def polynomial_values(p: int, d: int) -> np.ndarray:
-    """Value maps of polynomial multiplication: (V_h)_ab = 1[a + b = h], h = 0..p+d−2.
+    """(V_h)_ab = 1[a + b = h], shape (p + d − 1, p, d): polynomial multiplication.
 
-    yᵀ V_h u is the coefficient of t^h in y(t)u(t), with y(t) = Σ_a y_a t^a and
-    u(t) = Σ_b u_b t^b.  A product of non-zero polynomials is non-zero, so for every
-    u ≠ 0 the vectors V_h u = (u_h, u_{h−1}, …, u_{h−p+1}) (entries outside 0..d−1 are 0)
-    span ℝ^p: a nonsingular family with p + d − 1 heads ({prf:ref}`prop-nonsingular-families`).
-
-    Args:
-        p, d: output and input widths, >= 1.
-
-    Returns:
-        float64 array of shape (p + d − 1, p, d).
+    yᵀ V_h u is the t^h coefficient of y(t)u(t), non-zero for y, u ≠ 0, so the family is
+    nonsingular ({prf:ref}`prop-nonsingular-families`).  p, d >= 1.
     """
-    p, d = _check_sizes(p, d)
+    p, d = check_int(p, "p"), check_int(d, "d")
     a, b = np.meshgrid(np.arange(p), np.arange(d), indexing="ij")
     return (a + b == np.arange(p + d - 1)[:, None, None]).astype(np.float64)
 
 
 def complex_values(p: int, d: int) -> np.ndarray:
-    """The complex structure, for p = 2 or d = 2: m = 2⌈max(p, d)/2⌉ heads.
+    """The complex structure for p = 2 or d = 2: shape (m, p, d), m = 2⌈max(p, d)/2⌉.
 
-    For p = 2 the bilinear map is C(y, u) = y_0 u' + y_1 J u' ∈ ℝ^m, with u' = (u, 0) ∈ ℝ^m
-    and J the complex structure of ℝ^m (a 90° rotation in each coordinate pair); so
-    (V_h)_0b = δ_hb and (V_h)_1b = J_hb.  Then V_h u = (u'_h, (J u')_h) and the 2 × m matrix
-    [V_1 u, …, V_m u] has orthogonal rows of norm ‖u‖: it spans ℝ² for u ≠ 0
-    ({prf:ref}`prop-nonsingular-families`).  For d = 2 the family is the transpose of the
-    one for (2, p).
-
-    Args:
-        p, d: output and input widths; one of them must be 2.
-
-    Returns:
-        float64 array of shape (m, p, d).
+    For p = 2, (V_h)_0b = δ_hb and (V_h)_1b = J_hb, J the 90° rotation of each coordinate
+    pair of ℝ^m: [V_1 u, …, V_m u] has orthogonal rows of norm ‖u‖
+    ({prf:ref}`prop-nonsingular-families`).  For d = 2, the transposed family of (2, p).
     """
-    p, d = _check_sizes(p, d)
+    p, d = check_int(p, "p"), check_int(d, "d")
     if p != 2 and d != 2:
         raise ValueError(f"complex_values needs p = 2 or d = 2; got p = {p}, d = {d}")
     if p != 2:
-        return complex_values(2, p).transpose(0, 2, 1).copy()
+        return complex_values(2, p).transpose(0, 2, 1)
     m = d + d % 2
-    J = np.kron(np.eye(m // 2), np.array(_J))
     V = np.zeros((m, 2, d))
     V[:, 0, :] = np.eye(m)[:, :d]
-    V[:, 1, :] = J[:, :d]
+    V[:, 1, :] = np.kron(np.eye(m // 2), np.array(_J))[:, :d]
     return V
 
 
-def _cd_conjugate(x: np.ndarray) -> np.ndarray:
-    out = -x
-    out[0] = x[0]
-    return out
-
-
 def _cd_product(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # Cayley–Dickson doubling: (a, b)(c, d) = (ac − d̄b, da + bc̄); R, C, H, O for m = 1, 2, 4, 8.
-    m = len(x)
-    if m == 1:
+    # Cayley–Dickson doubling (a, b)(c, d) = (ac − d̄b, da + bc̄), x̄ = (x_0, −x_1, …): ℝ, ℂ, ℍ, 𝕆 for m = 1, 2, 4, 8.
+    if len(x) == 1:
         return x * y
-    h = m // 2
+    h, bar = len(x) // 2, lambda v: np.concatenate([v[:1], -v[1:]])
     a, b, c, d = x[:h], x[h:], y[:h], y[h:]
-    return np.concatenate([_cd_product(a, c) - _cd_product(_cd_conjugate(d), b),
-                           _cd_product(d, a) + _cd_product(b, _cd_conjugate(c))])
+    return np.concatenate([_cd_product(a, c) - _cd_product(bar(d), b), _cd_product(d, a) + _cd_product(b, bar(c))])
 
 
 def cayley_dickson_values(p: int, d: int) -> np.ndarray:
-    """Left multiplications of the reals, complexes, quaternions or octonions: m ∈ {1, 2, 4, 8} heads.
+    """Left multiplication by e_h in ℝ, ℂ, ℍ or 𝕆: (V_h)_ab = (e_h e_b)_a, shape (m, p, d), entries 0, ±1.
 
-    With m the least of 1, 2, 4, 8 that is >= max(p, d) and e_0..e_{m−1} the basis of the
-    Cayley–Dickson algebra of dimension m, V_h is left multiplication by e_h, cut to p
-    rows and d columns: (V_h)_ab = (e_h e_b)_a.  Then [V_1 u, …, V_m u] is right
-    multiplication by u (rows cut to p), and B(u)B(u)ᵀ = ‖u‖² I_p — the multiplication
-    is norm-preserving — which `composition_defect` verifies exactly on the integer
-    structure constants.  For p = d = 2 the family is (I, J), that of
-    {prf:ref}`prop-map-level-two-heads`.  ({prf:ref}`prop-nonsingular-families`.)
-
-    Args:
-        p, d: output and input widths, 1..8.
-
-    Returns:
-        float64 array of shape (m, p, d) with entries 0 and ±1.
+    m is the least of 1, 2, 4, 8 that is >= max(p, d) (so p, d <= 8).  The multiplication
+    is norm-preserving, B(u)B(u)ᵀ = ‖u‖² I_p (`composition_defect` = 0); for p = d = 2 the
+    family is (I, J) of {prf:ref}`prop-map-level-two-heads` ({prf:ref}`prop-nonsingular-families`).
     """
-    p, d = _check_sizes(p, d)
+    p, d = check_int(p, "p"), check_int(d, "d")
     if max(p, d) > 8:
         raise ValueError(f"cayley_dickson_values needs p, d <= 8 (the octonions); got p = {p}, d = {d}")
     m = next(size for size in (1, 2, 4, 8) if size >= max(p, d))
     basis = np.eye(m)
     table = np.stack([np.stack([_cd_product(basis[h], basis[b]) for b in range(m)], axis=1) for h in range(m)])
-    return table[:, :p, :d].copy()                         # table[h, a, b] = (e_h e_b)_a
+    return table[:, :p, :d]
 
 
 def nonsingular_values(p: int, d: int) -> np.ndarray:
-    """The value family with the fewest heads among those above, for any p, d.
+    """The family with the fewest heads among Cayley–Dickson, complex and polynomial, for any p, d >= 1.
 
-    Candidates: `cayley_dickson_values` (if max(p, d) <= 8), `complex_values` (if p or d
-    is 2), `polynomial_values` (always, p + d − 1 heads).  Ties go to the first in this
-    order, so p = d = 2 gives (I, J).  The number of heads is an upper bound on
-    ν(p, d), the least H of a nonsingular family ({prf:ref}`thm-map-level-head-count`).
-
-    Args:
-        p, d: output and input widths, >= 1.
-
-    Returns:
-        float64 array of shape (H, p, d).
+    Ties go to that order (p = d = 2 gives (I, J)); its size bounds ν(p, d) from above
+    ({prf:ref}`thm-map-level-head-count`).
     """
-    p, d = _check_sizes(p, d)
-    candidates = []
-    if max(p, d) <= 8:
-        candidates.append(cayley_dickson_values(p, d))
+    p, d = check_int(p, "p"), check_int(d, "d")
+    candidates = [cayley_dickson_values(p, d)] if max(p, d) <= 8 else []
     if 2 in (p, d):
         candidates.append(complex_values(p, d))
-    candidates.append(polynomial_values(p, d))
-    return min(candidates, key=len)
+    return min(candidates + [polynomial_values(p, d)], key=len)
 
 
 def nonsingular_dimension_bounds(p: int, d: int) -> tuple[int, int]:
-    """Bounds lower <= ν(p, d) <= upper on the least number of heads of a nonsingular family.
+    """(lower, upper) bounds on ν(p, d), the least size of a nonsingular family, for p, d >= 1.
 
     lower = max(p, d), plus 1 when max(p, d) is odd and min(p, d) >= 2
-    ({prf:ref}`lem-odd-nonsingular`); upper = the heads of `nonsingular_values(p, d)`
-    ({prf:ref}`prop-nonsingular-families`).  When they agree, ν(p, d) is known exactly.
-
-    Args:
-        p, d: output and input widths, >= 1.
-
-    Returns:
-        (lower, upper).
+    ({prf:ref}`lem-odd-nonsingular`); upper = len(nonsingular_values(p, d)).
     """
-    p, d = _check_sizes(p, d)
+    p, d = check_int(p, "p"), check_int(d, "d")
     big, small = max(p, d), min(p, d)
     return big + (1 if big % 2 and small >= 2 else 0), len(nonsingular_values(p, d))
 
 
-def _as_values(values: Any, p: int | None = None, d: int | None = None) -> np.ndarray:
-    tensor, _ = as_real_tensor(values, "values", dtype=torch.float64)
-    dims = {key: value for key, value in (("p", p), ("d", d)) if value is not None}
-    check_shape(tensor, "values", ("H", "p", "d"), dims)
-    if tensor.shape[0] < 1:
-        raise ValueError(f"values must have shape (H, p, d) with H >= 1; got {tuple(tensor.shape)}")
-    return tensor.numpy()
+def _as_values(values: Any, dims: dict[str, int] | None = None) -> np.ndarray:
+    return _as_float64(values, "values", ("H", "p", "d"), {} if dims is None else dims)
+
+
+def _token_matrix(V: np.ndarray, u: np.ndarray) -> np.ndarray:
+    return np.einsum("hpd,...d->...ph", V, u)                          # B(u) = [V_1 u, …, V_H u]
 
 
 def composition_defect(values: Any) -> float:
-    """max |S_aa'bb' + S_aa'b'b − 2 δ_aa' δ_bb'| with S_aa'bb' = Σ_h (V_h)_ab (V_h)_a'b'.
+    """The largest absolute entry of S_aa'bb' + S_aa'b'b − 2 δ_aa' δ_bb', S_aa'bb' = Σ_h (V_h)_ab (V_h)_a'b'.
 
-    B(u)B(u)ᵀ = Σ_h V_h u uᵀ V_hᵀ is a quadratic form in u; it equals ‖u‖² I_p for every
-    u exactly when this defect is 0.  For families with integer entries (those of
-    `cayley_dickson_values`, `complex_values`) the defect is computed exactly, so 0 is a
-    proof that the family is norm-preserving, hence nonsingular, and that every B(u) has
-    condition number 1 ({prf:ref}`prop-nonsingular-families`).
-
-    Args:
-        values: V_1..V_H, shape (H, p, d).
-
-    Returns:
-        The defect, a float >= 0.
+    For values (H, p, d): 0 exactly when B(u)B(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves
+    them norm-preserving, hence nonsingular with cond B(u) = 1 ({prf:ref}`prop-nonsingular-families`).
     """
     V = _as_values(values)
     S = np.einsum("hab,hce->acbe", V, V)                       # S[a, a', b, b']
@@ -920,43 +564,26 @@ def composition_defect(values: Any) -> float:
 
 
 def token_matrix(values: Any, tokens: Any) -> np.ndarray:
-    """B(u) = [V_1 u, …, V_H u] for each token u: shape (..., p, H).
+    """B(u) = [V_1 u, …, V_H u] for values (H, p, d) and tokens u (..., d): shape (..., p, H).
 
-    The model's reachable outputs for a token u are the columns' span; the family is
-    nonsingular when B(u) has rank p for every u ≠ 0.
-
-    Args:
-        values: V, shape (H, p, d).
-        tokens: u, shape (..., d).
-
-    Returns:
-        float64 array of shape (..., p, H).
+    Its range holds the outputs H heads can reach from one token; a family is nonsingular
+    when B(u) has rank p for every u ≠ 0.
     """
     V = _as_values(values)
     u, _ = as_real_tensor(tokens, "tokens", dtype=torch.float64)
     if u.ndim < 1 or u.shape[-1] != V.shape[2]:
         raise ValueError(f"tokens must have shape (..., d) = (..., {V.shape[2]}); got {tuple(u.shape)}")
-    return np.einsum("hpd,...d->...ph", V, u.numpy())
+    return _token_matrix(V, u.detach().cpu().numpy())
 
 
 def worst_conditioned_tokens(values: Any, samples: int = 20_000, keep: int = 3, *,
                              seed: Any = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens u with the largest condition number of B(u) = [V_1 u, …, V_H u] found by a search.
+    """The `keep` tokens with the largest cond B(u) = σ_1/σ_p (inf below rank p) found by a search.
 
-    Candidates: `samples` Gaussian tokens and a few structured ones — the basis vectors,
-    (1, …, 1), (1, −1, 1, …) and the binomial coefficients (the polynomial (1 + t)^{d−1},
-    whose roots sit on the unit circle, where polynomial multiplication is worst
-    conditioned).  The condition number is σ_1/σ_p of the p × H matrix B(u) (inf if it
-    has rank < p).  A search, not a bound: for `cayley_dickson_values` and
-    `complex_values` every B(u) has condition number 1 (`composition_defect` = 0).
-
-    Args:
-        values: V, shape (H, p, d).
-        samples: number of Gaussian candidates, >= 1.  keep: number of tokens returned, >= 1.
-        seed: seed of numpy's default_rng.
-
-    Returns:
-        (tokens of shape (keep, d), their condition numbers (keep,)), worst first.
+    Candidates: `samples` Gaussian tokens (default_rng(seed)), the basis vectors, (1, …, 1),
+    (1, −1, …) and the binomial coefficients of (1 + t)^{d−1} (roots on the unit circle,
+    the worst case of polynomial multiplication).  A search, not a bound.  Returns the
+    tokens (keep, d) and their condition numbers (keep,), worst first.
     """
     V = _as_values(values)
     samples, keep = check_int(samples, "samples"), check_int(keep, "keep")
@@ -964,7 +591,7 @@ def worst_conditioned_tokens(values: Any, samples: int = 20_000, keep: int = 3, 
     structured = np.concatenate([np.eye(d), [np.ones(d), (-1.0) ** np.arange(d),
                                              [math.comb(d - 1, b) for b in range(d)]]])
     tokens = np.concatenate([np.random.default_rng(seed).standard_normal((samples, d)), structured])
-    sigma = np.linalg.svd(token_matrix(V, tokens), compute_uv=False)[:, : V.shape[1]]
+    sigma = np.linalg.svd(_token_matrix(V, tokens), compute_uv=False)[:, : V.shape[1]]
     with np.errstate(divide="ignore"):
         condition = np.where(sigma[:, -1] > 0, sigma[:, 0] / sigma[:, -1], np.inf)
     order = np.argsort(-condition)[:keep]
@@ -972,35 +599,24 @@ def worst_conditioned_tokens(values: Any, samples: int = 20_000, keep: int = 3, 
 
 
 def pointwise_lag_rank(ssm: LinearSSM, n: int, token: Any, rtol: float = 1e-10) -> int:
-    """rank K_n(u), K_n(u) = [L_0 u, …, L_{n−1} u] ∈ ℝ^{p×n}: the outputs one token u can demand.
+    """rank [L_0 u, …, L_{n−1} u] for a token u (d,): r* of {prf:ref}`thm-map-level-head-count` at u.
 
-    Its maximum over u is the lower bound r* of {prf:ref}`thm-map-level-head-count`; the
-    rank is maximal for almost every u, so a random token attains it with probability 1.
-    Rank rule of `operator_span` (σ > rtol·σ_max; 0 if K = 0).
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.  token: u, shape (d,).  rtol: 0 < rtol < 1.
+    Maximal for almost every u; rank rule of `operator_span`, 0 < rtol < 1.
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
-    u, _ = as_real_tensor(token, "token", dtype=torch.float64)
-    check_shape(u, "token", ("d",), {"d": ssm.d})
-    sigma = np.linalg.svd(np.einsum("lpd,d->pl", lag_matrix(ssm, n).reshape(n, ssm.p, ssm.d), u.numpy()),
-                          compute_uv=False)
-    return int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+    u = _as_float64(token, "token", ("d",), {"d": ssm.d})
+    return _pointwise_rank(ssm, n, u, rtol)
+
+
+def _pointwise_rank(ssm: LinearSSM, n: int, u: np.ndarray, rtol: float) -> int:
+    K = np.einsum("lpd,d->pl", _lag_matrix(ssm, n).reshape(n, ssm.p, ssm.d), u)
+    return _rank(np.linalg.svd(K, compute_uv=False), rtol)
 
 
 @dataclass(frozen=True)
 class MapHeadBounds:
-    """Bounds lower <= H_map <= upper on the map-level head count ({prf:ref}`thm-map-level-head-count`).
-
-    Attributes:
-        lower: r* = max_u rank K_n(u), raised to the lower bound of ν(p, d) when `full`.
-        upper: min(k_n, heads of `nonsingular_values(p, d)`).
-        k: the lag span dimension k_n: `modal_lag_span_dimension` when A has distinct
-            eigenvalues and n >= N, else `min_heads`.
-        pointwise_rank: r*, measured at a random Gaussian token.
-        full: k_n = pd, which certifies that K_n(u) has rank p for every u ≠ 0.
-    """
+    """`map_head_bounds`: lower <= H_map <= upper; k, the lag span dimension; pointwise_rank, r*
+    at a Gaussian token; full, whether k = pd (then K_n(u) has rank p at every u ≠ 0)."""
 
     lower: int
     upper: int
@@ -1008,275 +624,190 @@ class MapHeadBounds:
     pointwise_rank: int
     full: bool
 
-    @property
-    def exact(self) -> bool:
-        """True when the bounds meet."""
-        return self.lower == self.upper
-
 
 def map_head_bounds(ssm: LinearSSM, n: int, *, seed: Any = 0, rtol: float = 1e-10) -> MapHeadBounds:
-    """The bounds of {prf:ref}`thm-map-level-head-count` on the least number of token-dependent heads.
+    """Bounds on the map-level head count H_map ({prf:ref}`def-map-head-count`, {prf:ref}`thm-map-level-head-count`).
 
-    r* (lower bound) is the rank of K_n(u) at one Gaussian token u drawn with `seed`
-    (the maximum, with probability 1); if k_n = pd every non-zero token has rank p,
-    H_map = ν(p, d), and the lower bound of `nonsingular_dimension_bounds` applies.
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.  seed: seed of the random token.
-        rtol: rank tolerance, 0 < rtol < 1.
-
-    Returns:
-        MapHeadBounds(lower, upper, k, pointwise_rank, full).
+    lower: r* = `pointwise_lag_rank` at one Gaussian token (default_rng(seed); the maximum
+    with probability 1), raised to the lower bound of ν(p, d) when k = pd; upper:
+    min(k, len(nonsingular_values(p, d))).  k is `modal_lag_span_dimension` when A has
+    distinct eigenvalues and n ≥ N, else `min_heads`.
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
     try:
-        k = modal_lag_span_dimension(ssm, n, rtol)
+        k = _modal_dimension(ssm, n, rtol)
     except ValueError:                                        # repeated eigenvalues, n < N, ...
-        k = min_heads(ssm, n, rtol)
-    r = pointwise_lag_rank(ssm, n, np.random.default_rng(seed).standard_normal(ssm.d), rtol)
+        k = _lag_span(ssm, n, rtol)[1].dim
+    r = _pointwise_rank(ssm, n, np.random.default_rng(seed).standard_normal(ssm.d), rtol)
     nu_lower, nu_upper = nonsingular_dimension_bounds(ssm.p, ssm.d)
     full = k == ssm.p * ssm.d
     return MapHeadBounds(max(r, nu_lower) if full else r, min(k, nu_upper), k, r, full)
 
 
-def _sign_change_zero(values: np.ndarray, start: Any, direction: Any) -> np.ndarray:
-    # For square B(u) = [V_h u]_h (H = p, p odd, d >= 2): a unit u on a half great circle with det B(u) = 0.
-    H, p, d = values.shape
-    u0, _ = as_real_tensor(start, "start", dtype=torch.float64)
-    check_shape(u0, "start", ("d",), {"d": d})
-    u0 = u0.numpy()
-    if not np.linalg.norm(u0) > 0:
-        raise ValueError("start must be a non-zero token")
-    u0 = u0 / np.linalg.norm(u0)
+def _bisect_singular(V: np.ndarray, u0: np.ndarray, direction: Any) -> np.ndarray:
+    # Square B(u) (H = p odd): det B(−u) = −det B(u), so on the half circle cos θ u_0 + sin θ w,
+    # θ ∈ [0, π], det changes sign; bisection finds a unit u with det B(u) = 0 to rounding.
     if direction is None:
-        w = np.eye(d)[np.argmin(np.abs(u0))]
+        w = np.eye(len(u0))[np.argmin(np.abs(u0))]
     else:
-        w_t, _ = as_real_tensor(direction, "direction", dtype=torch.float64)
-        check_shape(w_t, "direction", ("d",), {"d": d})
-        w = w_t.numpy()
+        w = _as_float64(direction, "direction", ("d",), {"d": len(u0)})
     w = w - (w @ u0) * u0
     if np.linalg.norm(w) <= 1e-12:
         raise ValueError("direction must not be a multiple of start")
     w /= np.linalg.norm(w)
 
-    def f(theta: float) -> float:
-        return float(np.linalg.det(token_matrix(values, math.cos(theta) * u0 + math.sin(theta) * w)))
+    def point(theta: float) -> np.ndarray:
+        return math.cos(theta) * u0 + math.sin(theta) * w
 
-    low, high, f_low = 0.0, math.pi, f(0.0)
+    def det(theta: float) -> float:
+        return float(np.linalg.det(_token_matrix(V, point(theta))))
+
+    low, high, f_low = 0.0, math.pi, det(0.0)
     if f_low == 0.0:
         return u0
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if middle in (low, high):
-            break
-        f_middle = f(middle)
-        if f_middle == 0.0:
-            low = high = middle
-            break
+    middle = 0.5 * (low + high)
+    while middle not in (low, high) and (f_middle := det(middle)) != 0.0:
         if (f_middle > 0) == (f_low > 0):
             low, f_low = middle, f_middle
         else:
             high = middle
-    theta = 0.5 * (low + high)
-    return math.cos(theta) * u0 + math.sin(theta) * w
+        middle = 0.5 * (low + high)
+    return point(middle)
 
 
 def singular_token(values: Any, start: Any, direction: Any = None) -> np.ndarray:
-    """A unit token u ≠ 0 at which H heads stop spanning ℝ^p: rank [V_1 u, …, V_H u] < p.
+    """A unit token u (d,) with rank [V_1 u, …, V_H u] < p ({prf:ref}`lem-odd-nonsingular`), found constructively.
 
-    Such a token exists whenever H < max(p, d), or H = max(p, d) is odd and
-    min(p, d) >= 2 ({prf:ref}`lem-odd-nonsingular`); it is found constructively:
+    It exists when H < max(p, d), or H = max(p, d) odd and min(p, d) >= 2:
 
-    - H < p: every token will do (B(u) has only H < p columns); u = start.
-    - H < d: for y = start ∈ ℝ^p the H × d matrix with rows yᵀ V_h has a null vector u,
-      so y ⟂ every V_h u.
-    - H = p odd, d >= 2: f(u) = det B(u) is a form of odd degree p, f(−u) = −f(u); along
-      the half great circle u(θ) = cos θ·u_0 + sin θ·w, θ ∈ [0, π] (w ⟂ u_0) it changes
-      sign, and bisection finds θ with f(u(θ)) = 0 to rounding.
-    - H = d odd, p >= 2: the same for the transposed family V_hᵀ gives y ≠ 0 with
-      det [V_1ᵀ y, …, V_dᵀ y] = 0, and u is the null vector of the rows yᵀ V_h.
-
-    At that token no choice of coefficients reaches outputs outside a proper subspace of ℝ^p.
+    - H < p: u = start; H < d: u ⟂ the rows yᵀ V_h for y = start, so y ⟂ every V_h u;
+    - H = p odd, d >= 2: bisection on det B(u), an odd form, along the half great circle
+      from u_0 = start towards w = direction (default: the basis vector least aligned);
+    - H = d odd, p >= 2: the same for the family V_hᵀ gives y, then u as for H < d.
 
     Args:
-        values: V_1..V_H, shape (H, p, d).
-        start: u_0 of shape (d,) in the cases H < p and H = p; y of shape (p,) in the
-            cases H < d and H = d (H < p and H = p take precedence); non-zero.
-        direction: w for the bisection cases, same shape as start, not a multiple of it
-            (default: the standard basis vector least aligned with start).
-
-    Returns:
-        The unit token u, shape (d,).
+        values: shape (H, p, d).  start: non-zero, shape (d,) when H <= p, else (p,).
+        direction: shape of start, not a multiple of it.
     """
     V = _as_values(values)
     H, p, d = V.shape
-
-    def null_token(y: np.ndarray) -> np.ndarray:
-        u = np.linalg.svd(np.einsum("a,hab->hb", y, V))[2][-1]  # rows yᵀ V_h; its null vector
-        return u / np.linalg.norm(u)
-
     if H < p or (H == p and p % 2 == 1 and d >= 2):
-        if H < p:
-            u0, _ = as_real_tensor(start, "start", dtype=torch.float64)
-            check_shape(u0, "start", ("d",), {"d": d})
-            if not np.linalg.norm(u0.numpy()) > 0:
-                raise ValueError("start must be a non-zero token")
-            return u0.numpy() / np.linalg.norm(u0.numpy())
-        return _sign_change_zero(V, start, direction)
-    if H < d:
-        y, _ = as_real_tensor(start, "start", dtype=torch.float64)
-        check_shape(y, "start", ("p",), {"p": p})
-        if not np.linalg.norm(y.numpy()) > 0:
-            raise ValueError("start must be non-zero")
-        return null_token(y.numpy())
-    if H == d and d % 2 == 1 and p >= 2:
-        return null_token(_sign_change_zero(V.transpose(0, 2, 1), start, direction))
+        u0 = _nonzero(start, "d", d, "a non-zero token")
+        return u0 / np.linalg.norm(u0) if H < p else _bisect_singular(V, u0 / np.linalg.norm(u0), direction)
+    if H < d or (H == d and d % 2 == 1 and p >= 2):
+        y = _nonzero(start, "p", p, "non-zero")
+        if H == d:
+            y = _bisect_singular(V.transpose(0, 2, 1).copy(), y / np.linalg.norm(y), direction)
+        u = np.linalg.svd(np.einsum("a,hab->hb", y, V))[2][-1]      # the null vector of the rows yᵀ V_h
+        return u / np.linalg.norm(u)
     raise ValueError(f"values must have H < max(p, d) heads, or H = p odd with d >= 2, or H = d odd with "
                      f"p >= 2 (then a rank-deficient token is guaranteed); got shape {V.shape}")
 
 
+def _nonzero(start: Any, symbol: str, size: int, kind: str) -> np.ndarray:
+    start = _as_float64(start, "start", (symbol,), {symbol: size})
+    if not np.linalg.norm(start) > 0:
+        raise ValueError(f"start must be {kind}")
+    return start
+
+
 def token_miss(ssm: LinearSSM, n: int, values: Any, token: Any, rtol: float = 1e-10) -> float:
-    """The least relative error of heads with value maps V_h on the single-token input (u, 0, …, 0).
+    """The least relative error of heads with values V_h on the input (u, 0, …, 0), in [0, 1].
 
-    On that input an H-head model (any coefficients) outputs vectors of range B(u),
-    B(u) = [V_1 u, …, V_H u], at every position, while the SSM outputs L_ℓ u at position
-    1 + ℓ.  Returns √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with range B(u) spanned
-    by the left singular vectors whose singular values exceed rtol·σ_max (so a B(u)
-    singular to rounding, as at a `singular_token`, counts as singular).  This is the
+    √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass
+    and range B(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the
     quantity the necessity half of {prf:ref}`thm-map-level-head-count` bounds below.
-
-    Args:
-        ssm: a LinearSSM.  n: sequence length.  values: shape (H, p, d).  token: u, shape (d,).
-        rtol: rank tolerance of B(u), 0 < rtol < 1.
-
-    Returns:
-        The relative miss in [0, 1] (0 if the SSM's output on the input is 0).
+    values: (H, p, d); token: u, shape (d,); rtol: rank tolerance of B(u), 0 < rtol < 1.
     """
     ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
-    V = _as_values(values, ssm.p, ssm.d)
-    u, _ = as_real_tensor(token, "token", dtype=torch.float64)
-    check_shape(u, "token", ("d",), {"d": ssm.d})
-    X = np.zeros((1, n, ssm.d))
-    X[0, 0] = u.numpy()
-    K = np.asarray(ssm(X))[0].T                               # the SSM's outputs L_ℓ u, (p, n)
-    left, sigma, _ = np.linalg.svd(token_matrix(V, u.numpy()), full_matrices=False)
-    rank = int((sigma > rtol * np.linalg.norm(V) * np.linalg.norm(u.numpy())).sum())
+    V = _as_values(values, {"p": ssm.p, "d": ssm.d})
+    u = _as_float64(token, "token", ("d",), {"d": ssm.d})
+    K = _single_token_outputs(ssm, n, u).T                        # L_ℓ u, (p, n)
+    left, sigma, _ = np.linalg.svd(_token_matrix(V, u), full_matrices=False)
+    rank = int((sigma > rtol * np.linalg.norm(V) * np.linalg.norm(u)).sum())
     residual = K - left[:, :rank] @ (left[:, :rank].T @ K)
     total = float((K ** 2).sum())
     return float(np.sqrt((residual ** 2).sum() / total)) if total > 0 else 0.0
 
 
-_J = ((0.0, -1.0), (1.0, 0.0))  # rotation by 90°: ⟨x, Jx⟩ = 0 and ‖Jx‖ = ‖x‖
-
-
 class TokenDependentHeads(SequenceMap):
-    """H heads with fixed value maps and token-dependent coefficients that compute an SSM's map.
+    """H heads with fixed values and token-dependent coefficients that compute an SSM's map.
 
-    Implements the sufficiency construction of {prf:ref}`thm-map-level-head-count` (and,
-    with the default values for p = d = 2, {prf:ref}`prop-map-level-two-heads`).  For a
-    token u ≠ 0 let B(u) = [V_1 u, …, V_H u] ∈ ℝ^{p×H}; if it has rank p, the least-norm
-    a_ℓ(u) ∈ ℝ^H with B(u) a_ℓ(u) = L_ℓ u exists, and with
-
-        α^h_ij(X) = a^h_{i−j}(x_j) for j ≤ i (0 for j > i and for x_j = 0)
-
-    the model y_i = Σ_h V_h Σ_j α^h_ij(X) x_j equals Σ_{j≤i} L_{i−j} x_j for every X.  Its
-    interaction rank is at most H although k can be pd.  a_ℓ(u) is computed from a QR
-    factorisation of B(u)ᵀ (error amplification ~ cond B(u), which is 1 for the
-    Cayley–Dickson and complex families).  For the default (I, J) with p = d = 2 this is
-    α^1 = ⟨L x_j, x_j⟩/‖x_j‖², α^2 = ⟨L x_j, J x_j⟩/‖x_j‖², as before.
+    The sufficiency construction of {prf:ref}`thm-map-level-head-count` ((I, J) for
+    p = d = 2: {prf:ref}`prop-map-level-two-heads`).  With B(u) = [V_1 u, …, V_H u] of rank p,
+    a_ℓ(u) is the least-norm solution of B(u) a = L_ℓ u (QR of B(u)ᵀ; error amplification
+    ~ cond B(u)) and α^h_ij(X) = a^h_{i−j}(x_j) for j ≤ i (0 for j > i and for x_j = 0), so
+    Σ_h V_h Σ_j α^h_ij(X) x_j = Σ_{j≤i} L_{i−j} x_j on every X, with interaction rank ≤ H.
+    Any length; the SSM's dtype.
 
     Args:
-        ssm: a LinearSSM (any N, p, d).
-        values: V_1..V_H, shape (H, p, d), spanning ℝ^p at every non-zero token met
-            (default `nonsingular_values(p, d)`: (I, J) for p = d = 2).
-
-    Raises (when called): ValueError naming `values` if B(x_j) has rank < p at a
-    non-zero token.  The model computes in the SSM's dtype and accepts any length.
+        ssm: a LinearSSM.
+        values: V_1..V_H, shape (H, p, d), spanning ℝ^p at every non-zero token met (default
+            `nonsingular_values(p, d)`); a call raises ValueError naming `values` otherwise.
     """
 
     def __init__(self, ssm: LinearSSM, values: Any = None) -> None:
         ssm = _check_ssm(ssm)
-        V = nonsingular_values(ssm.p, ssm.d) if values is None else _as_values(values, ssm.p, ssm.d)
+        super().__init__(ssm.dtype, ssm.d, ssm.p)
         self.ssm = ssm
-        self._V = torch.as_tensor(V, dtype=ssm.dtype)
-        self.H = len(V)
-        super().__init__(ssm.d, ssm.p, ssm.dtype)
+        V = nonsingular_values(ssm.p, ssm.d) if values is None else values
+        self.H = self._set_parameters({"p": ssm.p, "d": ssm.d}, values=(V, ("H", "p", "d")))["H"]
 
     def values(self) -> np.ndarray:
-        """The value maps V_h, shape (H, p, d)."""
-        return self._values().numpy()
+        """V_h, shape (H, p, d)."""
+        return _view(self._values)
 
     def coefficients(self, X: Any) -> torch.Tensor | np.ndarray:
-        """α^h_ij(X), shape (H, n, n) or (b, H, n, n); zero for j > i and for zero tokens."""
-        return self._apply(self._coefficients, X)
-
-    def _values(self) -> torch.Tensor:
-        return self._V
+        """α^h_ij(X), shape (H, n, n) or (b, H, n, n)."""
+        return self._at_edge(self._coefficients, X)
 
     def _coefficients(self, X: torch.Tensor) -> torch.Tensor:
-        n = X.shape[1]
-        lags = torch.as_tensor(self.ssm.lags(n), dtype=self.dtype)
-        targets = torch.einsum("lpd,bjd->bjpl", lags, X)                 # L_ℓ x_j, (b, n_j, p, n_ℓ)
-        B = torch.einsum("hpd,bjd->bjph", self._V, X)                    # B(x_j), (b, n, p, H)
-        nonzero = (X != 0).any(-1)                                      # (b, n)
-        safe = torch.where(nonzero[..., None, None], B, torch.eye(self.p, self.H, dtype=self.dtype))
-        Q, R = torch.linalg.qr(safe.transpose(-1, -2))                   # B(x)ᵀ = QR, Q (H, p), R (p, p)
-        diagonal = R.diagonal(dim1=-2, dim2=-1).abs()
-        scale = torch.linalg.matrix_norm(safe, ord=2)
-        if bool((diagonal <= 1e-13 * scale[..., None]).any()):
+        n, device = X.shape[1], X.device
+        targets = torch.einsum("lpd,bjd->bjpl", self.ssm._lags(n), X)          # L_ℓ x_j, (b, n_j, p, n_ℓ)
+        B = torch.einsum("hpd,bjd->bjph", self._values, X)                     # B(x_j), (b, n, p, H)
+        nonzero = (X != 0).any(-1)
+        safe = torch.where(nonzero[..., None, None], B, torch.eye(self.p, self.H, dtype=self.dtype, device=device))
+        Q, R = torch.linalg.qr(safe.transpose(-1, -2))                         # B(x)ᵀ = QR
+        scale = torch.linalg.matrix_norm(safe, ord=2)[..., None]
+        if bool((R.diagonal(dim1=-2, dim2=-1).abs() <= 1e-13 * scale).any()):
             raise ValueError("values must span R^p at every non-zero token: [V_1 x, ..., V_H x] has rank < p "
                              "at a token of this input (use a nonsingular family, e.g. nonsingular_values(p, d))")
-        z = torch.linalg.solve_triangular(R.transpose(-1, -2), targets, upper=False)   # Rᵀ z = L x
-        a = Q @ z                                                        # least-norm a_ℓ(x_j), (b, n_j, H, n_ℓ)
+        a = Q @ torch.linalg.solve_triangular(R.transpose(-1, -2), targets, upper=False)   # least-norm a_ℓ(x_j)
         a = torch.where(nonzero[..., None, None], a, 0.0)
-        lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]        # i − j
-        column = torch.arange(n).expand(n, n)                            # j
-        alpha = a.permute(0, 2, 1, 3)[:, :, column, lag.clamp(min=0)]    # α[b, h, i, j] = a^h_{i−j}(x_j)
-        return torch.where(lag >= 0, alpha, 0.0)
+        lag = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None, :]   # i − j
+        alpha = a.permute(0, 2, 1, 3)[:, :, torch.arange(n, device=device).expand(n, n), lag.clamp(min=0)]
+        return torch.where(lag >= 0, alpha, 0.0)                               # α[b, h, i, j] = a^h_{i−j}(x_j)
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
-        # y_i = Σ_h V_h Σ_j α^h_ij x_j: mix tokens with each head's coefficients, then apply V_h.
         mixed = torch.einsum("bhij,bjd->bhid", self._coefficients(X), X)
-        return torch.einsum("hpd,bhid->bip", self._values(), mixed)
+        return torch.einsum("hpd,bhid->bip", self._values, mixed)
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
-        return factorized_operator(self._coefficients(X), self._values())
+        return factorized_operator(self._coefficients(X), self._values)
 
     def _sizes(self) -> dict[str, int]:
         return {"H": self.H, "N": self.ssm.N, **super()._sizes()}
 
 
-# -- S4D-style SSMs ---------------------------------------------------------------
+# -- S4D-style SSMs and the continuous limit ----------------------------------------------------
 
 
 def s4d_continuous(N: int, d: int, *, init: str = "lin", p: int | None = None,
                    seed: Any = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The continuous-time system (A_c, B_c, C) behind `s4d_ssm` (same arguments, same matrices).
+    """The continuous system (A_c (N, N), B_c (N, d), C (p, N)) behind `s4d_ssm`, float64.
 
-    "lin": A_c has the blocks [[−½, −πm], [πm, −½]], m = 1..⌊N/2⌋ (eigenvalues −½ ± iπm),
-    plus −½ if N is odd; "real": A_c = diag(−1, …, −N).  B_c and C have iid N(0, 1/d)
-    and N(0, 1/N) entries from numpy's default_rng(seed), drawn in that order.  They do
-    not depend on the spectral radius: `s4d_ssm` changes only the step Δ with ρ.
-
-    Args:
-        N: state size, >= 1.  d: input width.  init: "lin" or "real".
-        p: output width (default d).  seed: seed of B_c and C.
-
-    Returns:
-        (A_c (N, N), B_c (N, d), C (p, N)), float64 numpy arrays.
+    "lin": A_c has the blocks [[−½, −πm], [πm, −½]], m = 1..⌊N/2⌋, plus −½ if N is odd;
+    "real": A_c = diag(−1, …, −N).  B_c and C have iid N(0, 1/d) and N(0, 1/N) entries from
+    default_rng(seed), in that order; p defaults to d.  ρ sets only the step (`s4d_step`).
     """
     N, d = check_int(N, "N"), check_int(d, "d")
     p = d if p is None else check_int(p, "p")
     init = check_choice(init, "init", ("lin", "real"))
-    A_c = np.zeros((N, N))
     if init == "lin":
-        for m in range(1, N // 2 + 1):
-            k = 2 * (m - 1)
-            A_c[k:k + 2, k:k + 2] = [[-0.5, -math.pi * m], [math.pi * m, -0.5]]
-        if N % 2:
-            A_c[-1, -1] = -0.5
+        A_c, k = np.diag(np.full(N, -0.5)), np.arange(0, N - 1, 2)         # block k/2 has m = k/2 + 1
+        A_c[k, k + 1], A_c[k + 1, k] = -math.pi * (k // 2 + 1), math.pi * (k // 2 + 1)
     else:
-        A_c[np.arange(N), np.arange(N)] = -np.arange(1, N + 1)
+        A_c = np.diag(-np.arange(1.0, N + 1))
     rng = np.random.default_rng(seed)
     B_c = rng.standard_normal((N, d)) / math.sqrt(d)
     C = rng.standard_normal((p, N)) / math.sqrt(N)
@@ -1285,43 +816,18 @@ def s4d_continuous(N: int, d: int, *, init: str = "lin", p: int | None = None,
 
 def s4d_step(spectral_radius: float, init: str = "lin") -> float:
     """The ZOH step Δ that gives `s4d_ssm` the spectral radius ρ: −2 ln ρ ("lin") or −ln ρ ("real")."""
-    rho = check_real(spectral_radius, "spectral_radius")
-    if not 0 < rho < 1:
-        raise ValueError(f"spectral_radius must satisfy 0 < spectral_radius < 1; got {rho}")
-    init = check_choice(init, "init", ("lin", "real"))
-    return (-2 if init == "lin" else -1) * math.log(rho)
+    rho = _in_unit_interval(spectral_radius, "spectral_radius")
+    return (-2 if check_choice(init, "init", ("lin", "real")) == "lin" else -1) * math.log(rho)
 
 
 def s4d_ssm(N: int, d: int, spectral_radius: float, *, init: str = "lin", p: int | None = None,
             seed: Any = 0, dtype: Any = torch.float64) -> LinearSSM:
-    """An S4D-style diagonal SSM, discretised by ZOH, with ρ(A) = spectral_radius.
+    """An S4D-style SSM with ρ(A) = spectral_radius: `s4d_continuous` by ZOH ({prf:ref}`prop-discretisation`).
 
-    Continuous eigenvalues (Gu et al. 2022, "On the parameterization and
-    initialization of diagonal state space models"):
-
-        "lin":  λ_m = −½ ± iπm, m = 1..⌊N/2⌋, plus −½ if N is odd;
-        "real": λ_m = −(m + 1), m = 0..N−1.
-
-    ZOH gives eigenvalues exp(Δλ_m); the step Δ is chosen so that the largest
-    modulus is ρ: Δ = −2 ln ρ for "lin" (every |exp(Δλ_m)| = ρ), Δ = −ln ρ for
-    "real" (`s4d_step`).  So ρ sets the step: the lags are samples
-    L_ℓ = C e^{ℓΔ A_c} B_Δ of one continuous impulse response at spacing Δ, and a
-    sequence of n steps covers the time T = nΔ.  A_c is in real block form
-    (`s4d_continuous`), so A, B, C are real.  B_c, C have iid N(0, 1/d) and N(0, 1/N)
-    entries.  Deviation from S4D: the lin modes start at m = 1 (S4D's m = 0 mode is
-    real; in real form its pair would repeat an eigenvalue), and there is no D skip term.
-
-    Args:
-        N: state size (real), >= 1.
-        d: input width.
-        spectral_radius: ρ, 0 < ρ < 1.
-        init: "lin" or "real".
-        p: output width (default d).
-        seed: seed of numpy's default_rng for B_c and C.
-        dtype: computation dtype (default float64).
-
-    Returns:
-        LinearSSM with N states.
+    S4D-Lin (λ = −½ ± iπm) or S4D-Real (λ = −1..−N) eigenvalues (Gu et al. 2022) in real
+    block form, step Δ = `s4d_step(ρ, init)`: ρ sets the step, the lags sample one impulse
+    response at spacing Δ, and n steps cover T = nΔ.  Deviations from S4D: the lin modes
+    start at m = 1 (a real pair would repeat an eigenvalue); no skip term D.
     """
     step = s4d_step(spectral_radius, init)
     A_c, B_c, C = s4d_continuous(N, d, init=init, p=p, seed=seed)
@@ -1333,9 +839,8 @@ def _phi2(z: np.ndarray) -> np.ndarray:
     z = np.asarray(z, dtype=np.complex128)
     out = np.empty_like(z)
     small = np.abs(z) < 1e-2
-    zs = z[small]
+    zs, zb = z[small], z[~small]
     out[small] = 0.5 + zs / 6 + zs ** 2 / 24 + zs ** 3 / 120 + zs ** 4 / 720
-    zb = z[~small]
     out[~small] = (np.expm1(zb) - zb) / zb ** 2
     return out
 
@@ -1343,39 +848,18 @@ def _phi2(z: np.ndarray) -> np.ndarray:
 def continuous_head_errors(A_c: Any, B_c: Any, C: Any, T: float, H_max: int) -> np.ndarray:
     """Σ_{r>H} λ_r(Γ_T), H = 0..H_max: the continuous-time limit of the least errors of H heads.
 
-    Γ_T = ∫_0^T (1 − t/T) vec K(t) vec K(t)ᵀ dt for the impulse response
-    K(t) = C e^{t A_c} B_c on a window of length T.  By
-    {prf:ref}`prop-heads-needed-continuous-limit`, for the ZOH discretisation with step
-    Δ = T/n, GᵀG/(nΔ) → Γ_T as n → ∞, so the relative least errors
-    optimal_head_errors[H]/optimal_head_errors[0] tend to the ratios of these tails.
-    Computed in closed form for diagonalisable A_c = Σ_m μ_m v_m w_mᵀ (no time grid):
-    K(t) = Σ_m e^{μ_m t} R_m with R_m = C v_m w_mᵀ B_c, and
-
-        Γ_T = Σ_{m,m'} φ_T(μ_m + μ̄_m') vec R_m vec R̄_m'ᵀ,
-        φ_T(a) = ∫_0^T (1 − t/T) e^{at} dt = T (e^{aT} − 1 − aT)/(aT)².
-
-    The eigenvalues come from numpy.linalg.eigvalsh (absolute accuracy ~1e-16 of the
-    largest), so tails below ~1e-13 of the total are not resolved.
-
-    Args:
-        A_c: shape (N, N), diagonalisable with distinct eigenvalues.  B_c: (N, d).  C: (p, N).
-        T: window length, > 0.
-        H_max: largest head count, >= 0.
-
-    Returns:
-        numpy array of shape (H_max + 1,), non-increasing, entry 0 = trace Γ_T.
+    Γ_T = ∫_0^T (1 − t/T) vec K(t) vec K(t)ᵀ dt for K(t) = C e^{t A_c} B_c; for ZOH with step
+    Δ = T/n, GᵀG/(nΔ) → Γ_T ({prf:ref}`prop-heads-needed-continuous-limit`).  Closed form for
+    A_c = Σ_m μ_m v_m w_mᵀ with distinct μ_m, R_m = C v_m w_mᵀ B_c:
+    Γ_T = Σ_{m,m'} φ_T(μ_m + μ̄_m') vec R_m vec R̄_m'ᵀ, φ_T(a) = T (e^{aT} − 1 − aT)/(aT)².
+    A_c: (N, N), B_c: (N, d), C: (p, N), T > 0.  Returns shape (H_max + 1,), entry 0 = trace Γ_T;
+    tails below ~1e-13 of it are not resolved (numpy eigvalsh).
     """
     dims: dict[str, int] = {}
-    arrays = []
-    for value, name, shape in ((A_c, "A_c", ("N", "N")), (B_c, "B_c", ("N", "d")), (C, "C", ("p", "N"))):
-        tensor, _ = as_real_tensor(value, name, dtype=torch.float64)
-        check_shape(tensor, name, shape, dims)
-        arrays.append(tensor.numpy())
-    A_c, B_c, C = arrays
+    A_c, B_c, C = (_as_float64(value, name, shape, dims) for value, name, shape in
+                   ((A_c, "A_c", ("N", "N")), (B_c, "B_c", ("N", "d")), (C, "C", ("p", "N"))))
     T, H_max = check_real(T, "T", positive=True), check_int(H_max, "H_max", minimum=0)
-    mu, R, left = _modes(A_c, "A_c", 1e-8, 1e8)
-    residues = np.einsum("pm,md->mpd", C @ R, left @ B_c).reshape(len(mu), -1)   # rows vec R_m
-    P = T * _phi2((mu[:, None] + mu.conj()[None, :]) * T)
-    gamma = residues.T @ P @ residues.conj()
+    mu, residues = _residues(A_c, B_c, C, "A_c")
+    gamma = residues.T @ (T * _phi2((mu[:, None] + mu.conj()[None, :]) * T)) @ residues.conj()
     eigenvalues = np.clip(np.linalg.eigvalsh(((gamma + gamma.conj().T) / 2).real)[::-1], 0.0, None)
-    return _tail_energies(np.sqrt(eigenvalues), H_max)
+    return _tails(eigenvalues, H_max)

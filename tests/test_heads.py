@@ -301,6 +301,16 @@ def test_fit_heads_returns_every_restart_and_the_zero_model():
     assert zero.error == pytest.approx((operator_np(ssm, n) ** 2).sum(), rel=1e-12)
 
 
+def test_fit_heads_on_vanishing_lags_returns_the_exact_zero_model():
+    # All lags zero (B = 0): every H-head model with zero values is exact; no optimiser runs (no 0/0).
+    ssm = ssm_from(0.5 * np.eye(3), np.zeros((3, 2)), np.ones((2, 3)))
+    for method in ("lbfgs", "als"):
+        fit = fit_heads(ssm, 6, 2, method=method, restarts=2)
+        assert fit.error == 0.0 and np.all(fit.restart_errors == 0.0)
+        assert fit.V.shape == (2, 2, 2) and fit.coefficients.shape == (2, 6, 6)
+        assert np.all(np.isfinite(fit.V)) and np.all(np.isfinite(fit.coefficients))
+
+
 def test_thm_approx_head_count_zero_exactly_from_k_heads():
     ssm, n = LinearSSM.random(3, 2, 2, seed=5), 12
     errors = optimal_head_errors(ssm, n, 6)
@@ -725,6 +735,18 @@ def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
     assert np.allclose(worst_conditioned_tokens(cayley_dickson_values(5, 5), 500, 1)[1], 1.0)
 
 
+def test_token_dependent_heads_is_a_module_holding_its_values_frozen():
+    # The SSM is a submodule, the value maps a frozen parameter exposed read-only; float32 follows the SSM.
+    ssm = LinearSSM.random(3, 2, 2, seed=0)
+    model = TokenDependentHeads(ssm)
+    assert dict(model.named_children())["ssm"] is ssm
+    assert not any(p.requires_grad for p in model.parameters())
+    assert not model.values().flags.writeable and "H=2, N=3, d=2, p=2" in repr(model)
+    single = TokenDependentHeads(LinearSSM.random(3, 2, 2, seed=0, dtype=torch.float32))
+    X = np.random.default_rng(0).standard_normal((2, 7, 2))
+    assert single(X).dtype == np.float32 and relative_error(single(X), ssm(X)) < 1e-5
+
+
 def test_token_dependent_heads_refuse_a_family_that_misses_a_token():
     ssm = LinearSSM.random(3, 2, 2, seed=0)
     degenerate = np.stack([np.eye(2), np.diag([1.0, 0.5])])           # B(e_1) = [e_1, e_1]: rank 1
@@ -877,6 +899,10 @@ def test_prop_modal_lag_span_on_known_ranks():
     B = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
     ssm = LinearSSM.diagonal(lam, B, np.ones((2, 4)))
     assert modal_lag_span_dimension(ssm, 10) == rank_np(lags_np(ssm, 10).reshape(10, -1)) == 2
+    # A mode with a residue 1e-6 times the others' still counts (rank rule rtol = 1e-10, not looser).
+    weak = LinearSSM.diagonal(lam, [[1.0, 0.0], [0.0, 1.0], [1e-6, 0.0], [0.0, 0.0]],
+                              np.random.default_rng(0).standard_normal((2, 4)))
+    assert modal_lag_span_dimension(weak, 10) == rank_np(lags_np(weak, 10).reshape(10, -1)) == 3
     big = LinearSSM.random(9, 2, 2, spectral_radius=0.8, seed=1)
     assert modal_lag_span_dimension(big, 20) == 4 == min_heads(big, 20)
     for N, d, p, seed in [(3, 2, 2, 0), (5, 3, 1, 1), (6, 2, 3, 2)]:
@@ -934,6 +960,17 @@ SSM = LinearSSM.random(3, 2, 2, seed=0)
     (lambda: token_dependent_single_head(SSM, np.zeros((4, 2)), np.eye(2), causal=1), TypeError, "causal"),
     (lambda: lag_energy_count(SSM, 5, 1.0), ValueError, "eps"),
     (lambda: modal_lag_span_dimension(SSM, 2), ValueError, "n must be >= N"),
+    (lambda: modal_lag_span_dimension(SSM, 5, separation=0.0), ValueError, "separation must be > 0"),
+    (lambda: modal_lag_span_dimension(SSM, 5, max_condition=-1.0), ValueError, "max_condition must be > 0"),
+    (lambda: single_head_witness(SSM, 5, np.eye(2), rtol=0.0), ValueError, "rtol"),
+    (lambda: single_head_witness(SSM, 5, np.eye(3)), ValueError, "V must have shape"),
+    (lambda: population_error(SSM, SSM, 0), ValueError, "n must be >= 1"),
+    (lambda: token_miss(SSM, 5, np.ones((2, 2, 2)), np.ones(3)), ValueError, "token must have shape"),
+    (lambda: token_miss(SSM, 5, np.ones((2, 3, 2)), np.ones(2)), ValueError, "values must have shape"),
+    (lambda: TokenDependentHeads(SSM, np.full((2, 2, 2), np.nan)), ValueError, "values must be finite"),
+    (lambda: singular_token(np.ones((2, 3, 5)), np.ones(3)), ValueError, r"start must have shape \(d,\) = \(5,\)"),
+    (lambda: singular_token(np.ones((2, 2, 5)), np.zeros(2)), ValueError, "start must be non-zero"),
+    (lambda: singular_token(np.ones((3, 3, 3)), np.ones(3), np.ones(2)), ValueError, "direction must have shape"),
     (lambda: polynomial_values(0, 2), ValueError, "p must be >= 1"),
     (lambda: complex_values(3, 3), ValueError, "p = 2 or d = 2"),
     (lambda: cayley_dickson_values(9, 2), ValueError, "p, d <= 8"),

@@ -49,6 +49,14 @@ def test_zero_duplicated_and_scaled_operators():
     assert operator_span(np.stack([V, W]).astype(np.float32)).dim == 2
 
 
+def test_span_helpers_of_the_zero_span():
+    # dim = 0: no coordinates, projections 0, residuals the operators' own norms.
+    span, ops = operator_span(np.zeros((2, 2, 3))), np.arange(12.0).reshape(2, 2, 3)
+    assert span.coefficients(ops).shape == (2, 0)
+    np.testing.assert_array_equal(span.project(ops), np.zeros_like(ops))
+    np.testing.assert_allclose(span.residual(ops), np.linalg.norm(ops.reshape(2, -1), axis=1), rtol=1e-15)
+
+
 def test_tolerance_behaviour():
     rng = np.random.default_rng(1)
     V, E = rng.standard_normal((2, 3, 3))
