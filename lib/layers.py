@@ -137,8 +137,8 @@ class CausalConv1d(SequenceMap):
 class KANLayer(SequenceMap):
     """y_i[q] = Σ_r φ_qr(x_i[r]) with φ_qr(u) = w_qr silu(u) + Σ_m c_qrm (B_m(u) − B_m(0)).
 
-    Implements {prf:ref}`prop-kan`: 𝒲_ii(X)[q, r] = φ_qr(x_i[r]) / x_i[r] (φ'_qr(0) where
-    |x_i[r]| < 1e-6), 𝒲_ij = 0 for i ≠ j. B_m are cubic B-splines on a uniform grid, as in
+    Implements {prf:ref}`prop-kan`: 𝒲_ii(X)[q, r] = φ_qr(x_i[r]) / x_i[r], 𝒲_ij = 0 for i ≠ j;
+    where ‖x_i[r]‖ < 1e-6 the spline part of φ and of its secant is its Taylor series at 0. B_m are cubic B-splines on a uniform grid, as in
     Liu et al. (2024). Deviation: subtracting B_m(0) makes φ(0) = 0 (the original allows a
     constant, i.e. a bias).
 
@@ -167,10 +167,13 @@ class KANLayer(SequenceMap):
         self._h = (hi - lo) / self.grid_size
         knots = lo + self._h * (torch.arange(self.grid_size + 7, dtype=self.dtype) - 3)
         self.register_buffer("_knots", knots, persistent=False)
-        quadratic_at_0, cubic_at_0 = self._bases(torch.zeros(1, dtype=self.dtype))
-        self.register_buffer("_B_at_0", cubic_at_0[0], persistent=False)
-        slope = (quadratic_at_0[..., :-1] - quadratic_at_0[..., 1:])[0] / self._h  # B'_m(0)
-        self.register_buffer("_B_slope_at_0", slope, persistent=False)
+        # B_m(0) and the Taylor coefficients B_m^(k)(0)/k!, k = 1, 2, 3, from the lower degrees.
+        B0, B1, B2, B3 = (B[0] for B in self._bases(torch.zeros(1, dtype=self.dtype)))
+        h = self._h
+        taylor = torch.stack([(B2[:-1] - B2[1:]) / h, (B1[:-2] - 2 * B1[1:-1] + B1[2:]) / (2 * h ** 2),
+                              (B0[:-3] - 3 * B0[1:-2] + 3 * B0[2:-1] - B0[3:]) / (6 * h ** 3)])
+        self.register_buffer("_B_at_0", B3, persistent=False)
+        self.register_buffer("_B_taylor_at_0", taylor, persistent=False)
 
     @classmethod
     def random(cls, d: int, p: int, grid_size: int = 5, *, grid_range: tuple[float, float] = (-1.0, 1.0),
@@ -194,32 +197,41 @@ class KANLayer(SequenceMap):
         """φ_qr(u_s) at [s, q, r] for points u of shape (k,); shape (k, p, d)."""
         u, was_torch = as_real_tensor(u, "u", dtype=self.dtype)
         check_shape(u, "u", ("k",))
-        _, B = self._bases(u)
+        B = self._bases(u)[-1]
         spline = torch.einsum("qrm,km->kqr", self._spline_coefficients, B - self._B_at_0)
         return to_output(self._silu_weights * F.silu(u)[:, None, None] + spline, was_torch)
 
-    def _bases(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Cox–de Boor on the uniform knots: (quadratic bases (..., G+4), cubic bases (..., G+3)).
+    def _bases(self, u: torch.Tensor) -> list[torch.Tensor]:
+        # Cox–de Boor on the uniform knots: bases of degree 0..3, shapes (..., G+6) .. (..., G+3).
         t, u = self._knots, u[..., None]
         B = ((u >= t[:-1]) & (u < t[1:])).to(u.dtype)
+        degrees = [B]
         for q in (1, 2, 3):
-            quadratic = B
             B = ((u - t[: -q - 1]) * B[..., :-1] + (t[q + 1:] - u) * B[..., 1:]) / (q * self._h)
-        return quadratic, B
+            degrees.append(B)
+        return degrees
 
     def _spline_part(self, X: torch.Tensor) -> torch.Tensor:
-        # Σ_m c_qrm (B_m(x[r]) − B_m(0)) at [b, i, q, r].
-        _, B = self._bases(X)
-        return torch.einsum("qrm,birm->biqr", self._spline_coefficients, B - self._B_at_0)
+        # Σ_m c_qrm (B_m(x[r]) − B_m(0)) at [b, i, q, r]. Below _SMALL the difference loses its digits
+        # to cancellation; near 0 the spline is one cubic, so its Taylor series is exact there.
+        B = self._bases(X)[-1]
+        direct = torch.einsum("qrm,birm->biqr", self._spline_coefficients, B - self._B_at_0)
+        x = X[:, :, None, :]
+        return torch.where(x.abs() < self._SMALL, self._spline_secant_near_0(x) * x, direct)
+
+    def _spline_secant_near_0(self, x: torch.Tensor) -> torch.Tensor:
+        # (spline(x) − spline(0)) / x = s1 + s2 x + s3 x², exactly, for x in the cubic piece at 0.
+        s1, s2, s3 = (self._spline_coefficients @ coefficient for coefficient in self._B_taylor_at_0)
+        return s1 + (s2 + s3 * x) * x
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         return F.silu(X) @ self._silu_weights.T + self._spline_part(X).sum(-1)
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
-        small = X.abs() < self._SMALL
-        safe = torch.where(small, torch.ones((), dtype=X.dtype), X)[:, :, None, :]
-        slope_at_0 = self._spline_coefficients @ self._B_slope_at_0
-        spline_secant = torch.where(small[:, :, None, :], slope_at_0, self._spline_part(X) / safe)
+        x = X[:, :, None, :]
+        small = x.abs() < self._SMALL
+        safe = torch.where(small, torch.ones((), dtype=X.dtype), x)
+        spline_secant = torch.where(small, self._spline_secant_near_0(x), self._spline_part(X) / safe)
         # silu(u)/u = sigmoid(u) exactly, also at u = 0.
         return _block_diagonal(self._silu_weights * torch.sigmoid(X)[:, :, None, :] + spline_secant)
 

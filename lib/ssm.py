@@ -232,7 +232,7 @@ class LinearSSM(_Routed):
 
     @property
     def spectral_radius(self) -> float:
-        """ρ(A) = max |eigenvalue of A|; the lags decay like ρ^ℓ when ρ < 1."""
+        """ρ(A), the largest modulus of an eigenvalue of A; the lags decay like ρ^ℓ when ρ < 1."""
         return float(torch.linalg.eigvals(self._A.detach()).abs().max())
 
     def lags(self, n: int) -> np.ndarray:

@@ -83,8 +83,8 @@ def architecture_zoo(d: int = 4, p: int = 4, n: int = 12, heads: int = 2, state:
     rnn = ElmanRNN.random(state, d, p, spectral_radius=0.9, seed=seed + 3)
     ssm = LinearSSM.random(state, d, p, spectral_radius=0.8, seed=seed + 4)
     # prop-conv: exactly dim span{K_ℓ : ℓ < min(r, n)}; prop-lti-ssm: exactly k = dim span{L_0..L_{n-1}}.
-    taps = operator_span(torch.as_tensor(conv.kernel[:min(kernel, n)])).dim
-    k = operator_span(torch.as_tensor(ssm.lags(n))).dim
+    taps = operator_span(conv.kernel[:min(kernel, n)]).dim
+    k = operator_span(ssm.lags(n)).dim
     # prop-rnn: at most rank C · rank U.
     rnn_bound = int(np.linalg.matrix_rank(rnn.C)) * int(np.linalg.matrix_rank(rnn.U))
     # Larger steps than Mamba's default make the selective decays visible on a short sequence.

@@ -205,7 +205,7 @@ def test_prop_factorized_rank_equals_dim_span_of_the_coefficient_vectors(H, n):
 def test_prop_factorized_rank_is_at_most_dim_span_of_the_values_when_they_are_dependent():
     # V_1 = V_2 (W_O^2 W_V^2 = W_O^1 W_V^1): the blocks lie in a 1-dimensional space whatever α does.
     base = SoftmaxAttention.random(4, 3, heads=2, seed=0)
-    W_V, W_O = base.W_V, base.W_O
+    W_V, W_O = base.W_V.copy(), base.W_O.copy()
     W_V[1], W_O[1] = W_V[0], W_O[0]
     model = SoftmaxAttention(base.W_Q, base.W_K, W_V, W_O)
     X = np.random.default_rng(0).standard_normal((5, 6, 4))

@@ -1,5 +1,7 @@
 """Dense, FeedForward, CausalConv1d and KANLayer against independent formulas (lib.layers)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference_operators as ref
-from lib import CausalConv1d, Dense, FeedForward, KANLayer, interaction_rank
+from lib import CausalConv1d, Dense, FeedForward, KANLayer, apply_operator, interaction_rank
 
 FAST = settings(max_examples=15, deadline=None)
 
@@ -187,3 +189,34 @@ def test_prop_conv_interaction_rank_is_dim_span_of_the_taps_that_occur(n):
 def test_prop_kan_matches_the_reference_on_adversarial_inputs(d, p, grid):
     model = KANLayer.random(d, p, grid_size=grid, grid_range=(-2, 1), seed=grid)
     assert_matches_reference(model)
+
+
+def test_prop_kan_forward_and_operator_keep_relative_accuracy_near_zero():
+    # Tokens of 1e-12..1e-6: (B_m(u) − B_m(0)) computed as a difference loses its digits, so lib uses the
+    # Taylor series there. Independent route: the exact cubic piece of each cardinal B-spline expanded at 0
+    # with numpy's Polynomial (no difference of nearly equal numbers), and silu(u) = u·sigmoid(u).
+    from numpy.polynomial import Polynomial as P
+
+    pieces = [P([0, 0, 0, 1 / 6]), P([4 / 6, -2, 2, -3 / 6]), P([-44 / 6, 10, -4, 3 / 6]), P([64 / 6, -8, 2, -1 / 6])]
+    model = KANLayer.random(3, 2, grid_size=5, seed=0)  # d = 3, p = 2
+    lo, hi = model.grid_range
+    h = (hi - lo) / model.grid_size
+    knots = lo + h * (np.arange(model.grid_size + 3) - 3)  # B_m starts at knot m
+    u = np.array([1e-6 * 0.9, -3e-8, 2e-12])
+    X = np.stack([u, -u[::-1], 0.5 * u], 1)  # (n = 3, d = 3)
+    expected = np.zeros((3, 2))
+    for i, x in enumerate(X):
+        for q in range(2):
+            for r in range(3):
+                spline = 0.0
+                for m, t in enumerate(knots):
+                    x0 = -t / h
+                    if 0 <= x0 < 4:
+                        piece = pieces[int(np.floor(x0))]
+                        spline += model.spline_coefficients[q, r, m] * sum(
+                            piece.deriv(k)(x0) * (x[r] / h) ** k / math.factorial(k) for k in (1, 2, 3))
+                sig = 1 / (1 + np.exp(-x[r]))
+                expected[i, q] += model.silu_weights[q, r] * x[r] * sig + spline
+    Y = model(X)
+    assert np.abs(Y - expected).max() <= 1e-14 * np.abs(expected).max()
+    np.testing.assert_allclose(apply_operator(model.operator(X), X), expected, rtol=1e-9, atol=0)
