@@ -12,7 +12,7 @@ from .attention import LinearAttention, SoftmaxAttention
 from .base import SequenceMap
 from .factorized import RelativeHeads, factorized_operator
 from .gradients import (DecayBound, DecayFit, SelectivePath, fit_decay_rate, gate_closing_input, gradient_reach,
-                        jacobian_blocks, jacobian_norms, lag_norms, one_hop, planted_key_input, rnn_jacobian,
+                        jacobian_blocks, jacobian_norms, lag_norms, planted_key_input, rnn_jacobian,
                         saturating_input, saturation_subset, selective_jacobian, ssm_decay_bound, stack_decay_bound,
                         with_constant_step)
 from .heads import (HeadFit, MapHeadBounds, SampledErrors, SingleHeadFit, SingleTokenWitness, TokenDependentHeads,
@@ -61,7 +61,7 @@ API = {
         "held_out_error"],
     "Gradients": [
         "jacobian_norms", "jacobian_blocks", "lag_norms", "DecayBound", "ssm_decay_bound", "stack_decay_bound",
-        "DecayFit", "fit_decay_rate", "gradient_reach", "planted_key_input", "one_hop", "gate_closing_input",
+        "DecayFit", "fit_decay_rate", "gradient_reach", "planted_key_input", "gate_closing_input",
         "SelectivePath", "selective_jacobian", "with_constant_step", "saturation_subset", "saturating_input",
         "rnn_jacobian"],
     "The recall task": [

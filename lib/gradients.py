@@ -345,20 +345,6 @@ def planted_key_input(attention: SoftmaxAttention | LinearAttention, n: int, i: 
     return X
 
 
-def one_hop(attention: SoftmaxAttention | LinearAttention, X: Any, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
-    """(α^h_ij of shape (H,), the one-hop term Σ_h α^h_ij V_h = 𝒲_ij(X) of shape (p, d)).
-
-    Kept only until lib.API drops it: no page calls it (`attention.weights(X)[:, i, j]` and
-    `attention.operator(X)[i, j]` give both).
-    """
-    _require(attention, "attention", SoftmaxAttention, LinearAttention)
-    X = _one_sequence(attention, X)
-    i, j = _position(i, "i", X.shape[0]), _position(j, "j", X.shape[0])
-    with torch.no_grad():
-        alpha = attention._weights(X[None])[0, :, i, j]
-        return _numpy(alpha), _numpy(torch.einsum("h,hpd->pd", alpha, attention._values()))
-
-
 # -- selective SSMs ------------------------------------------------------------------------------
 
 
