@@ -287,7 +287,7 @@ def run_audits(book: Book, require_browser: bool = False, echo=print) -> bool:
     audits = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
               audit_math(book, require_browser), audit_results(book), audit_ledger(book),
               audit_search(book, require_browser), audit_figure_backgrounds(book),
-              audit_bundle_archive(book)]
+              audit_bundle_archive(book), audit_reading(book)]
     for audit in audits:
         if audit.skipped:
             banner = "!" * 78

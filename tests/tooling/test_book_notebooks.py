@@ -63,3 +63,18 @@ def test_notebook_names_itself_and_starts_a_run(path):
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith("# "), \
         "a notebook page starts with its '# ' title"
+
+
+def test_chapter_notebooks_are_formatted():
+    # Visible code must fit the page: ruff format (pinned; line length 88 in pyproject.toml).
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ruff = Path(sys.executable).with_name("ruff")
+    ruff = str(ruff) if ruff.exists() else shutil.which("ruff")
+    assert ruff, "ruff is pinned in requirements.txt: run `make venv`"
+    proc = subprocess.run([ruff, "format", "--check", "chapters"], cwd=BOOK.root, capture_output=True, text=True)
+    unformatted = [line for line in proc.stdout.splitlines() if line.startswith("Would reformat")]
+    assert proc.returncode == 0, "run `.venv/bin/ruff format chapters`: " + "; ".join(unformatted or [proc.stderr])
