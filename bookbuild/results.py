@@ -9,10 +9,10 @@ of the last build (``_build/results``) with ``data/results`` under the committed
 from __future__ import annotations
 
 import filecmp
-import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from .book import Book, read_json
@@ -50,6 +50,8 @@ def _as_float(text: str):
 
 def compare_table(run: Path, committed: Path, name: str) -> list[str]:
     """Readable differences between two versions of one table (empty when they agree)."""
+    # The csv module, not pandas: cells stay the strings that were written, so labels and other
+    # non-numeric columns compare exactly, and each drift is reported with its row's labels.
     import csv
 
     meta = _meta(committed)
@@ -76,9 +78,7 @@ def compare_table(run: Path, committed: Path, name: str) -> list[str]:
             c_rtol, c_atol = float(tol.get("rtol", rtol)), float(tol.get("atol", atol))
             x, y = _as_float(value), _as_float(expected)
             if x is not None and y is not None:
-                if math.isnan(x) and math.isnan(y):
-                    continue
-                if abs(x - y) <= c_atol + c_rtol * abs(y):
+                if np.isclose(x, y, rtol=c_rtol, atol=c_atol, equal_nan=True):  # |x − y| <= atol + rtol |y|
                     continue
                 detail = f"committed {expected}, this build {value} (rtol={c_rtol:g}, atol={c_atol:g})"
             else:
