@@ -31,7 +31,8 @@ from .spans import (OperatorSpan, PointwiseMultiple, interaction_rank, interacti
                     pointwise_multiple, pointwise_witness, sine_to_line)
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .stacks import Stack, ssm_layer
-from .training import FactorizedStudent, SoftmaxStudent, TrainResult, fit, held_out_error, train, train_factorized
+from .training import (FactorizedStudent, SoftmaxStudent, TrainResult, fit, held_out_error, train, train_factorized,
+                       train_students)
 from .zoo import Architecture, architecture_zoo
 
 API = {
@@ -58,7 +59,7 @@ API = {
         "token_miss"],
     "Training": [
         "fit", "train", "train_factorized", "FactorizedStudent", "SoftmaxStudent", "TrainResult",
-        "held_out_error"],
+        "held_out_error", "train_students"],
     "Gradients": [
         "jacobian_norms", "jacobian_blocks", "lag_norms", "DecayBound", "ssm_decay_bound", "stack_decay_bound",
         "DecayFit", "fit_decay_rate", "gradient_reach", "planted_key_input", "gate_closing_input",

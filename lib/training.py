@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ._validation import check_choice, check_int, check_real
 from .attention import SoftmaxAttention
 from .factorized import RelativeHeads
-from .heads import population_error
+from .heads import min_heads, optimal_head_errors, population_error
 from .ssm import LinearSSM
 
 _HELD_OUT_SEED = 20251217  # one held-out batch for every estimate, independent of training seeds
@@ -224,8 +224,8 @@ class _Population(torch.nn.Module):
 
     Adam acts elementwise and the step loss is the sum of the students' losses, so this is R
     independent runs sharing one batch stream. Each student's batch loss is computed exactly
-    through the lags: with D_ℓ = L_ℓ − L̂_ℓ and window vectors u_{b,i} = (x_{i−n+1}, …, x_i),
-    mean_b Σ_i ‖y_i − ŷ_i‖² = Σ_a D[a] S D[a]ᵀ with S = mean_b Σ_i u_{b,i} u_{b,i}ᵀ, formed once
+    through the lags: with E_ℓ = L_ℓ − L̂_ℓ and window vectors u_{b,i} = (x_{i−n+1}, …, x_i),
+    mean_b Σ_i ‖y_i − ŷ_i‖² = Σ_a E[a] S E[a]ᵀ with S = mean_b Σ_i u_{b,i} u_{b,i}ᵀ, formed once
     per step for all students.
     """
 
@@ -245,9 +245,9 @@ class _Population(torch.nn.Module):
         windows = F.pad(X, (0, 0, n - 1, 0)).unfold(1, n, 1)  # [b, i, e, w] = x_{i+w−(n−1)}
         U = windows.transpose(2, 3).reshape(b * n, n * d)
         S = U.T @ U / b
-        D = self.reversed_lags - torch.einsum("rhl,rhpd->rlpd", (self.c * self.mask).flip(-1), self.V)
-        D = D.transpose(1, 2).reshape(len(self.V), -1, n * d)
-        return ((D @ S) * D).sum((1, 2))
+        E = self.reversed_lags - torch.einsum("rhl,rhpd->rlpd", (self.c * self.mask).flip(-1), self.V)
+        E = E.transpose(1, 2).reshape(len(self.V), -1, n * d)
+        return ((E @ S) * E).sum((1, 2))
 
 
 def train_factorized(students: Sequence[RelativeHeads], teacher: LinearSSM, *, steps: int = 2000,
@@ -276,3 +276,65 @@ def train_factorized(students: Sequence[RelativeHeads], teacher: LinearSSM, *, s
             s._V.copy_(population.V[r, :s.H])
             s._coefficients.copy_(population.c[r, :s.H])
     return [TrainResult(population_error(teacher, s, n), history[:, r].copy()) for r, s in enumerate(students)]
+
+
+# -- the head-count sweep -----------------------------------------------------------------
+
+_MODEL_NAMES = {"factorized": "factorized (trained)", "softmax": "softmax attention (trained)"}
+
+
+def train_students(teachers: Sequence[LinearSSM], n: int, heads: Sequence[int] | Callable[[int], Iterable[int]],
+                   *, model: str = "factorized", seeds: int = 1, steps: int = 2000, batch: int = 32,
+                   lr: float = 0.1, final_lr: float = 3e-4, seed: int = 0, progress: Progress = None,
+                   device: Any = "cpu") -> list[dict]:
+    """Train students with H heads for every teacher and every H; one row per trained student.
+
+    The experiment of {prf:ref}`thm-approx-head-count` on length n: for each teacher (a
+    LinearSSM with k = `min_heads(teacher, n)`), students with H in ``heads`` (a sequence, or
+    a function k -> head counts) and init seeds ``seed + s``, s < ``seeds``, all trained with
+    the batch stream of ``seed`` and one budget (``steps``, ``batch``, ``lr`` → ``final_lr``).
+    ``model="factorized"``: `FactorizedStudent`s, all of one teacher trained together by
+    `train_factorized` (exact errors); ``"softmax"``: `SoftmaxStudent`s, each by `train`
+    (held-out errors).
+
+    Returns:
+        rows, teachers × heads × seeds in that order, with keys k, H, model ("factorized
+        (trained)" or "softmax attention (trained)"), seed, error (Σ_i E‖y_i − ŷ_i‖²),
+        optimum (`optimal_head_errors(teacher, n, ·)[H]`), energy (the same at H = 0) and
+        "relative squared error" (error / energy).
+    """
+    if isinstance(teachers, LinearSSM) or not isinstance(teachers, Iterable):
+        raise TypeError(f"teachers must be a sequence of LinearSSM; got {type(teachers).__name__}")
+    teachers = list(teachers)
+    if not teachers or not all(isinstance(t, LinearSSM) for t in teachers):
+        raise TypeError("teachers must be a non-empty sequence of LinearSSM")
+    n, seeds = check_int(n, "n"), check_int(seeds, "seeds")
+    model = check_choice(model, "model", tuple(_MODEL_NAMES))
+    seed = check_int(seed, "seed", minimum=0)
+    if not callable(heads) and (isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable)):
+        raise TypeError(f"heads must be a sequence of head counts or a function k -> head counts; "
+                        f"got {type(heads).__name__}")
+    rows = []
+    for teacher in teachers:
+        k = min_heads(teacher, n)
+        if k == 0:
+            raise ValueError("teachers must have a non-zero lag on length n (a teacher with k = 0 has no "
+                             "output energy to compare with)")
+        counts = [check_int(H, "heads[...]") for H in (heads(k) if callable(heads) else heads)]
+        if not counts:
+            raise ValueError(f"heads must give at least one head count (teacher with k = {k})")
+        optimum = optimal_head_errors(teacher, n, max(counts))
+        plan = [(H, s) for H in counts for s in range(seeds)]
+        if model == "factorized":
+            students = [FactorizedStudent(H, n, teacher.d, teacher.p, seed=seed + s) for H, s in plan]
+            results = train_factorized(students, teacher, steps=steps, batch=batch, lr=lr, final_lr=final_lr,
+                                       seed=seed, progress=progress, device=device)
+        else:
+            results = [train(SoftmaxStudent(H, n, teacher.d, teacher.p, seed=seed + s), teacher, steps=steps,
+                             batch=batch, lr=lr, final_lr=final_lr, seed=seed, progress=progress, device=device)
+                       for H, s in plan]
+        for (H, s), result in zip(plan, results):
+            rows.append({"k": k, "H": H, "model": _MODEL_NAMES[model], "seed": seed + s, "error": result.error,
+                         "optimum": float(optimum[H]), "energy": float(optimum[0]),
+                         "relative squared error": result.error / float(optimum[0])})
+    return rows

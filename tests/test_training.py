@@ -15,6 +15,7 @@ from lib.training import (
     held_out_error,
     train,
     train_factorized,
+    train_students,
 )
 
 N_SEQ, D = 8, 2
@@ -270,5 +271,58 @@ def test_fit_reports_many_losses_and_refuses_divergence():
     (lambda: fit(torch.nn.ReLU(), lambda m: 0, lambda g: [], steps=1, lr=0.1), ValueError, "model must have parameters"),
 ])
 def test_fit_bad_inputs_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# -- the head-count sweep (train_students) ------------------------------------------------------------------
+
+SECOND = LinearSSM.random(2, D, D, spectral_radius=0.7, seed=4)   # k = 2 on length 8
+
+
+def test_train_students_factorized_rows_equal_students_built_and_trained_by_hand():
+    # The sweep against the plain route: the same students built here (init seed 3 + s), trained by
+    # train_factorized on the batch stream of seed 3, errors recomputed by population_error, optima by
+    # optimal_head_errors; order teachers × heads × seeds; heads given as a function of k.
+    rows = train_students([TEACHER, SECOND], N_SEQ, lambda k: range(1, k + 2), seeds=2, steps=30, seed=3)
+    assert [(r["k"], r["H"], r["seed"]) for r in rows] == (
+        [(3, H, 3 + s) for H in (1, 2, 3, 4) for s in (0, 1)] + [(2, H, 3 + s) for H in (1, 2, 3) for s in (0, 1)])
+    for teacher, k, part in ((TEACHER, 3, rows[:8]), (SECOND, 2, rows[8:])):
+        students = [FactorizedStudent(r["H"], N_SEQ, D, D, seed=r["seed"]) for r in part]
+        train_factorized(students, teacher, steps=30, seed=3)
+        optimum = optimal_head_errors(teacher, N_SEQ, k + 1)
+        for row, student in zip(part, students):
+            assert row["model"] == "factorized (trained)"
+            assert row["error"] == pytest.approx(population_error(teacher, student, N_SEQ), rel=1e-10)
+            assert row["optimum"] == optimum[row["H"]] and row["energy"] == optimum[0]
+            assert row["relative squared error"] == pytest.approx(row["error"] / optimum[0], rel=1e-15)
+
+
+def test_train_students_softmax_rows_equal_separate_training_runs():
+    rows = train_students([SECOND], N_SEQ, [2, 1], model="softmax", steps=20, batch=8, seed=5)
+    assert [(r["k"], r["H"], r["seed"], r["model"]) for r in rows] == [
+        (2, 2, 5, "softmax attention (trained)"), (2, 1, 5, "softmax attention (trained)")]
+    optimum = optimal_head_errors(SECOND, N_SEQ, 2)
+    for row in rows:
+        alone = train(SoftmaxStudent(row["H"], N_SEQ, D, D, seed=5), SECOND, steps=20, batch=8, seed=5)
+        assert row["error"] == alone.error and row["optimum"] == optimum[row["H"]]
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: train_students(TEACHER, N_SEQ, [1]), TypeError, "teachers must be a sequence of LinearSSM"),
+    (lambda: train_students([np.eye(2)], N_SEQ, [1]), TypeError, "teachers must be a non-empty sequence"),
+    (lambda: train_students([], N_SEQ, [1]), TypeError, "teachers must be a non-empty sequence"),
+    (lambda: train_students([TEACHER], N_SEQ, 2), TypeError, "heads must be a sequence"),
+    (lambda: train_students([TEACHER], N_SEQ, []), ValueError, "heads must give at least one"),
+    (lambda: train_students([TEACHER], N_SEQ, [0]), ValueError, r"heads\[...\] must be >= 1"),
+    (lambda: train_students([TEACHER], N_SEQ, lambda k: [1.5]), TypeError, r"heads\[...\] must be an integer"),
+    (lambda: train_students([TEACHER], N_SEQ, [1], model="rnn"), ValueError, "model must be one of"),
+    (lambda: train_students([TEACHER], N_SEQ, [1], seeds=0), ValueError, "seeds must be >= 1"),
+    (lambda: train_students([TEACHER], 0, [1]), ValueError, "n must be >= 1"),
+    (lambda: train_students([TEACHER], N_SEQ, [1], seed=-2), ValueError, "seed must be >= 0"),
+    (lambda: train_students([LinearSSM(0.5 * np.eye(2), np.zeros((2, 2)), np.eye(2))], N_SEQ, [1]),
+     ValueError, "teachers must have a non-zero lag"),
+])
+def test_train_students_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
