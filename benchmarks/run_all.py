@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from harness import COMMITTED, QUICK_OUT, ROOT  # noqa: E402
+from harness import COMMITTED, QUICK_OUT, ROOT, verdict  # noqa: E402
 
 #: capability -> script, in the order they run (the book build last: it is the longest).
 SCRIPTS = {
@@ -64,9 +64,8 @@ def main() -> int:
             for r in csv.DictReader(fh):
                 if r["target"] and (r["meets_target"] != "True" or "ratio" in r["target"]
                                     or "ours_s" in r["target"]):
-                    verdict = "MET  " if r["meets_target"] == "True" else "SHORT"
-                    print(f"{verdict} {capability}: {r['operation'].strip()}, {r['model']}, size "
-                          f"{r['size']}: {r['margin']}")
+                    print(f"{verdict(r['meets_target'], r['target'])} {capability}: "
+                          f"{r['operation'].strip()}, {r['model']}, size {r['size']}: {r['margin']}")
     if failed:
         print(f"FAILED: {', '.join(failed)} (see above)")
     return 1 if failed else 0
