@@ -179,7 +179,7 @@ def _modal_dimension(ssm: LinearSSM, n: int, rtol: float, separation: float = 1e
 
 
 def optimal_head_errors(ssm: LinearSSM, n: int, H_max: int) -> np.ndarray:
-    """Σ_{r>H} σ_r(G)², H = 0..H_max: the least Σ_i E‖y_i − ŷ_i‖² of H heads, shape (H_max + 1,).
+    """Σ_{q>H} σ_q(G)², H = 0..H_max: the least Σ_i E‖y_i − ŷ_i‖² of H heads, shape (H_max + 1,).
 
     {prf:ref}`thm-approx-head-count`: tokens with E[x_j x_j'ᵀ] = δ_jj' I, H heads with
     input-independent coefficients; attained by `truncated_heads`.  Entry 0 is ‖G‖²_F, the
@@ -202,7 +202,7 @@ def truncated_heads(ssm: LinearSSM, n: int, H: int) -> RelativeHeads:
 
 
 def heads_needed(ssm: LinearSSM, n: int, eps: float) -> int:
-    """The least H with Σ_{r>H} σ_r(G)² ≤ eps ‖G‖²_F ({prf:ref}`thm-approx-head-count`); 0 if all lags vanish.
+    """The least H with Σ_{q>H} σ_q(G)² ≤ eps ‖G‖²_F ({prf:ref}`thm-approx-head-count`); 0 if all lags vanish.
 
     eps, 0 < eps < 1, is a relative squared error: eps = 10⁻² is a 10 % relative error.
     """
@@ -846,7 +846,7 @@ def _phi2(z: np.ndarray) -> np.ndarray:
 
 
 def continuous_head_errors(A_c: Any, B_c: Any, C: Any, T: float, H_max: int) -> np.ndarray:
-    """Σ_{r>H} λ_r(Γ_T), H = 0..H_max: the continuous-time limit of the least errors of H heads.
+    """Σ_{q>H} λ_q(Γ_T), H = 0..H_max: the continuous-time limit of the least errors of H heads.
 
     Γ_T = ∫_0^T (1 − t/T) vec K(t) vec K(t)ᵀ dt for K(t) = C e^{t A_c} B_c; for ZOH with step
     Δ = T/n, GᵀG/(nΔ) → Γ_T ({prf:ref}`prop-heads-needed-continuous-limit`).  Closed form for
