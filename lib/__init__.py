@@ -28,7 +28,7 @@ from .recall import (RecallResult, RecallTask, initial_gradient_norm, recall_mod
                      train_recall)
 from .recurrent import ElmanRNN
 from .spans import (OperatorSpan, PointwiseMultiple, interaction_rank, interaction_span, operator_span,
-                    pointwise_multiple, pointwise_witness, sine_to_line)
+                    pointwise_multiple, pointwise_witness, sine_to_line, span_distances)
 from .ssm import SSD, LinearSSM, SelectiveSSM
 from .stacks import Stack, ssm_layer
 from .training import (FactorizedStudent, SoftmaxStudent, TrainResult, fit, held_out_error, train, train_factorized,
@@ -53,7 +53,7 @@ API = {
         "continuous_head_errors", "s4d_ssm", "s4d_continuous", "s4d_step"],
     "Token-dependent heads": [
         "TokenDependentHeads", "SingleHeadFit", "token_dependent_single_head", "SingleTokenWitness",
-        "single_head_witness", "polynomial_values", "complex_values", "cayley_dickson_values",
+        "single_head_witness", "span_distances", "polynomial_values", "complex_values", "cayley_dickson_values",
         "nonsingular_values", "nonsingular_dimension_bounds", "composition_defect", "token_matrix",
         "worst_conditioned_tokens", "pointwise_lag_rank", "MapHeadBounds", "map_head_bounds", "singular_token",
         "token_miss"],

@@ -89,7 +89,7 @@ class _MultiHead(SequenceMap):
 class SoftmaxAttention(_MultiHead):
     """Multi-head (optionally causal) softmax attention with bias-free projections.
 
-    s^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i−j], α^h_ij = softmax_j(s^h_ij) (j ≤ i when
+    z^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i−j], α^h_ij = softmax_j(z^h_ij) (j ≤ i when
     causal). Implements {prf:ref}`prop-softmax-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
 
     Args:
@@ -124,7 +124,7 @@ class SoftmaxAttention(_MultiHead):
         return None if self._position_bias is None else _view(self._position_bias)
 
     def scores(self, X: Any) -> torch.Tensor | np.ndarray:
-        """s^h_ij(X), shape (H, n, n) or (b, H, n, n); −inf for j > i if causal."""
+        """The scores z^h_ij(X), shape (H, n, n) or (b, H, n, n); −inf for j > i if causal."""
         return self._at_edge(self._scores, X)
 
     def _scores(self, X: torch.Tensor) -> torch.Tensor:
@@ -164,7 +164,7 @@ class LinearAttention(_MultiHead):
     """Multi-head linear attention (Katharopoulos et al. 2020) with a positive feature map φ.
 
     α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'}) (j, j' ≤ i when causal); the forward pass
-    uses running sums S_i = Σ_{j≤i} φ(k_j)(W_V x_j)ᵀ, z_i = Σ_{j≤i} φ(k_j) and never forms α.
+    uses running sums S_i = Σ_{j≤i} φ(k_j)(W_V x_j)ᵀ, ν_i = Σ_{j≤i} φ(k_j) and never forms α.
     Implements {prf:ref}`prop-linear-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
 
     Args:

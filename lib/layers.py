@@ -49,9 +49,9 @@ class Dense(SequenceMap):
 
 
 class FeedForward(SequenceMap):
-    """y_i = W2 relu(W1 x_i); implements {prf:ref}`prop-ffn`: 𝒲_ii(X) = W2 D(x_i) W1.
+    """y_i = W2 relu(W1 x_i); implements {prf:ref}`prop-ffn`: 𝒲_ii(X) = W2 Π(x_i) W1.
 
-    D(x) = diag(1[W1 x > 0]) is the activation pattern; 𝒲_ij = 0 for i ≠ j.
+    Π(x) = diag(1[W1 x > 0]) is the activation pattern; 𝒲_ij = 0 for i ≠ j.
 
     Args:
         W1: shape (m, d).  W2: shape (p, m).
@@ -79,7 +79,7 @@ class FeedForward(SequenceMap):
         return _view(self._W2)
 
     def activation_pattern(self, X: Any) -> torch.Tensor | np.ndarray:
-        """The diagonals of D(x_i), 1[W1 x_i > 0], shape (n, m) or (b, n, m)."""
+        """The diagonals of Π(x_i), 1[W1 x_i > 0], shape (n, m) or (b, n, m)."""
         return self._at_edge(self._pattern, X)
 
     def _pattern(self, X: torch.Tensor) -> torch.Tensor:
@@ -135,12 +135,12 @@ class CausalConv1d(SequenceMap):
 
 
 class KANLayer(SequenceMap):
-    """y_i[q] = Σ_r φ_qr(x_i[r]) with φ_qr(u) = w_qr silu(u) + Σ_m c_qrm (B_m(u) − B_m(0)).
+    """y_i[q] = Σ_q' φ_qq'(x_i[q']) with φ_qq'(u) = w_qq' silu(u) + Σ_g c_qq'g (B_g(u) − B_g(0)).
 
-    Implements {prf:ref}`prop-kan`: 𝒲_ii(X)[q, r] = φ_qr(x_i[r]) / x_i[r], 𝒲_ij = 0 for i ≠ j;
-    where ‖x_i[r]‖ < 1e-6 the spline part of φ and of its secant is its Taylor series at 0. B_m are cubic B-splines on a uniform grid, as in
-    Liu et al. (2024). Deviation: subtracting B_m(0) makes φ(0) = 0 (the original allows a
-    constant, i.e. a bias).
+    Implements {prf:ref}`prop-kan`: 𝒲_ii(X)[q, q'] = φ_qq'(x_i[q']) / x_i[q'], 𝒲_ij = 0 for
+    i ≠ j; where x_i[q'] is within 1e-6 of 0 the spline part of φ and of its secant is its
+    Taylor series at 0. B_g are cubic B-splines on a uniform grid, as in Liu et al. (2024).
+    Deviation: subtracting B_g(0) makes φ(0) = 0 (the original allows a constant, i.e. a bias).
 
     Args:
         silu_weights: w, shape (p, d).
@@ -148,7 +148,7 @@ class KANLayer(SequenceMap):
         grid_range: (lo, hi), split into G intervals; splines vanish outside lo − 3h, hi + 3h.
     """
 
-    _SMALL = 1e-6  # below this |u| the secant slope is replaced by φ'(0)
+    _SMALL = 1e-6  # below this |u| the spline part comes from its Taylor series at 0
 
     def __init__(self, silu_weights: Any, spline_coefficients: Any, *,
                  grid_range: tuple[float, float] = (-1.0, 1.0), dtype: Any = torch.float64) -> None:
@@ -167,11 +167,15 @@ class KANLayer(SequenceMap):
         self._h = (hi - lo) / self.grid_size
         knots = lo + self._h * (torch.arange(self.grid_size + 7, dtype=self.dtype) - 3)
         self.register_buffer("_knots", knots, persistent=False)
-        # B_m(0) and the Taylor coefficients B_m^(k)(0)/k!, k = 1, 2, 3, from the lower degrees.
+        # B_g(0) and the Taylor coefficients B_g^(k)(0)/k!, k = 1, 2, 3, from the lower degrees. The
+        # third derivative jumps where 0 is a knot: its left value comes from the left-continuous
+        # degree-0 bases (t_k < 0 <= t_{k+1}), the right one from the right-continuous ones.
         B0, B1, B2, B3 = (B[0] for B in self._bases(torch.zeros(1, dtype=self.dtype)))
+        B0_left = ((knots[:-1] < 0) & (0 <= knots[1:])).to(self.dtype)
         h = self._h
+        third = [(B[:-3] - 3 * B[1:-2] + 3 * B[2:-1] - B[3:]) / (6 * h ** 3) for B in (B0, B0_left)]
         taylor = torch.stack([(B2[:-1] - B2[1:]) / h, (B1[:-2] - 2 * B1[1:-1] + B1[2:]) / (2 * h ** 2),
-                              (B0[:-3] - 3 * B0[1:-2] + 3 * B0[2:-1] - B0[3:]) / (6 * h ** 3)])
+                              *third])
         self.register_buffer("_B_at_0", B3, persistent=False)
         self.register_buffer("_B_taylor_at_0", taylor, persistent=False)
 
@@ -194,7 +198,7 @@ class KANLayer(SequenceMap):
         return _view(self._spline_coefficients)
 
     def edge_functions(self, u: Any) -> torch.Tensor | np.ndarray:
-        """φ_qr(u_s) at [s, q, r] for points u of shape (k,); shape (k, p, d)."""
+        """φ_qq'(u_s) at [s, q, q'] for points u of shape (k,); shape (k, p, d)."""
         u, was_torch = as_real_tensor(u, "u", dtype=self.dtype)
         check_shape(u, "u", ("k",))
         B = self._bases(u)[-1]
@@ -220,9 +224,10 @@ class KANLayer(SequenceMap):
         return torch.where(x.abs() < self._SMALL, self._spline_secant_near_0(x) * x, direct)
 
     def _spline_secant_near_0(self, x: torch.Tensor) -> torch.Tensor:
-        # (spline(x) − spline(0)) / x = s1 + s2 x + s3 x², exactly, for x in the cubic piece at 0.
-        s1, s2, s3 = (self._spline_coefficients @ coefficient for coefficient in self._B_taylor_at_0)
-        return s1 + (s2 + s3 * x) * x
+        # (spline(x) − spline(0)) / x = s1 + s2 x + s3 x², exactly, for x in the cubic piece on x's
+        # side of 0 (s3 from the right for x >= 0, from the left for x < 0).
+        s1, s2, right, left = (self._spline_coefficients @ coefficient for coefficient in self._B_taylor_at_0)
+        return s1 + (s2 + torch.where(x < 0, left, right) * x) * x
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         return F.silu(X) @ self._silu_weights.T + self._spline_part(X).sum(-1)

@@ -22,8 +22,8 @@ class ElmanRNN(SequenceMap):
     """s_i = tanh(W s_{i−1} + U x_i), y_i = C s_i, s_{−1} = 0 (bias-free).
 
     Implements {prf:ref}`prop-rnn`: with z_i = W s_{i−1} + U x_i and the secant factors
-    D_i = diag(tanh(z_i)/z_i), s_i = D_i (W s_{i−1} + U x_i) exactly, so
-    𝒲_ij(X) = C D_i W D_{i−1} ⋯ W D_j U for j ≤ i (secant slopes, not the Jacobian's
+    Φ_i = diag(tanh(z_i)/z_i), s_i = Φ_i (W s_{i−1} + U x_i) exactly, so
+    𝒲_ij(X) = C Φ_i W Φ_{i−1} ⋯ W Φ_j U for j ≤ i (secant slopes, not the Jacobian's
     derivatives: they make the operator identity exact).
 
     Args:
@@ -72,9 +72,9 @@ class ElmanRNN(SequenceMap):
 
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         b, n, _ = X.shape
-        D = _tanh_secant(self._pre_activations(X))  # (b, n, N): diagonals of D_i
+        D = _tanh_secant(self._pre_activations(X))  # (b, n, N): diagonals of Φ_i
         j = torch.arange(n)[:, None, None]
-        P, rows = X.new_zeros(b, n, self.N, self.d), []  # P[:, j] = D_i W ⋯ D_j U, 0 for j > i
+        P, rows = X.new_zeros(b, n, self.N, self.d), []  # P[:, j] = Φ_i W ⋯ Φ_j U, 0 for j > i
         for i in range(n):
             carried = D[:, i, None, :, None] * (self._W @ P)
             fresh = (D[:, i, :, None] * self._U)[:, None]

@@ -2,7 +2,7 @@
 
 The span of blocks M_1..M_m ∈ ℝ^{p×d} is computed from the m × pd matrix of rows vec(M_k):
 its singular values σ_1 ≥ σ_2 ≥ … (Eckart–Young distances to lower-dimensional spans) and
-the numerical dimension #{r : σ_r > rtol · σ_1}, the rank rule used throughout `lib`.
+the numerical dimension #{q : σ_q > rtol · σ_1}, the rank rule used throughout `lib`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _as_float64(value: Any, name: str, shape: tuple, dims: dict[str, int]) -> np
 
 
 def _rank(sigma: np.ndarray, rtol: float) -> int:
-    # The rank rule: #{r : σ_r > rtol · σ_1}, 0 when every σ is 0.
+    # The rank rule: #{q : σ_q > rtol · σ_1}, 0 when every σ is 0.
     return int((sigma > rtol * sigma[0]).sum()) if sigma.size and sigma[0] > 0 else 0
 
 
@@ -201,8 +201,8 @@ def pointwise_witness(L: Any, V: Any, rtol: float = 1e-10) -> np.ndarray | None:
 
     The contrapositive of {prf:ref}`lem-pointwise-multiple`, following its proof.  L counts
     as a multiple of V when ‖L − cV‖_F <= rtol · ‖L‖_F, c = ⟨L, V⟩_F/‖V‖²_F (or L = 0).
-    Candidates, in the proof's order: the right singular vectors w_r of V (those of its
-    numerical kernel included, where V u = 0 ≠ L u) and the sums w_r + w_s of those off the
+    Candidates, in the proof's order: the right singular vectors w_q of V (those of its
+    numerical kernel included, where V u = 0 ≠ L u) and the sums w_q + w_q' of those off the
     kernel; the one with the largest `sine_to_line(L u, V u)` is returned, V cut to its
     numerical rank (σ <= rtol · σ_max set to 0).  Random probes cannot replace this: for
     V = v aᵀ and L = v bᵀ only u ∈ ker V is a witness.
@@ -223,7 +223,7 @@ def _witness(L: np.ndarray, V: np.ndarray, rtol: float) -> np.ndarray | None:
         return None
     left, sigma, rows = np.linalg.svd(V)                      # rows: right singular vectors (d, d)
     rank = _rank(sigma, rtol)
-    images = np.zeros((V.shape[1], V.shape[0]))               # V w_r = σ_r left_r, 0 on the kernel
+    images = np.zeros((V.shape[1], V.shape[0]))               # V w_q = σ_q left_q, 0 on the kernel
     images[:rank] = (left[:, :rank] * sigma[:rank]).T
     pairs = [(r, q) for r in range(rank) for q in range(r + 1, rank)]
     candidates = np.concatenate([rows, [rows[r] + rows[q] for r, q in pairs]]) if pairs else rows
@@ -231,3 +231,54 @@ def _witness(L: np.ndarray, V: np.ndarray, rtol: float) -> np.ndarray | None:
     scale = np.linalg.norm(candidates, axis=1, keepdims=True)
     candidates, V_images = candidates / scale, V_images / scale
     return candidates[int(np.argmax(_row_sines(candidates @ L.T, V_images)))]
+
+
+# -- prop-single-head-generic-inputs -------------------------------------------------------
+
+
+def span_distances(Y: Any, X: Any, V: Any = None, rtol: float = 1e-10) -> np.ndarray:
+    """dist(y_i, V S_i)², S_i = span{x_1..x_i}: the least squared error of a causal single head at i.
+
+    {prf:ref}`prop-single-head-generic-inputs` (1): Σ_{j≤i} α_ij V x_j ranges over V S_i, so
+    this is the error of the best token-dependent head. Computed by Gram–Schmidt (twice) on
+    V x_1, V x_2, … in turn — no least squares; V x_i joins the basis only when its residual
+    exceeds rtol · ‖V x_i‖, so dependent tokens add nothing.
+
+    Args:
+        Y: targets, shape (n, p) or (b, n, p).  X: tokens, shape (n, d) or (b, n, d).
+        V: value map, shape (p, d); None for the identity (then p = d).
+        rtol: 0 < rtol < 1.
+
+    Returns:
+        Squared distances, shape (n,) or (b, n).
+    """
+    rtol = check_rtol(rtol)
+    dims: dict[str, int] = {}
+    batched = np.ndim(X) == 3
+    X = _as_float64(X, "X", ("b", "n", "d") if batched else ("n", "d"), dims)
+    Y = _as_float64(Y, "Y", ("b", "n", "p") if batched else ("n", "p"), dims)
+    if V is None:
+        if dims["p"] != dims["d"]:
+            raise ValueError(f"V must be given when p != d; got p = {dims['p']}, d = {dims['d']}")
+        V = np.eye(dims["d"])
+    V = _as_float64(V, "V", ("p", "d"), dims)
+    distances = _span_distances(Y.reshape(-1, *Y.shape[-2:]), X.reshape(-1, *X.shape[-2:]) @ V.T, rtol)
+    return distances if batched else distances[0]
+
+
+def _span_distances(Y: np.ndarray, VX: np.ndarray, rtol: float) -> np.ndarray:
+    # Y, VX (b, n, p): ‖y_i − Q_i Q_iᵀ y_i‖² with Q_i an orthonormal basis of span{VX_1..VX_i}.
+    b, n, p = VX.shape
+    Q = np.zeros((b, p, n))                                   # column j: unit direction or 0
+    distances = np.empty((b, n))
+    for i in range(n):
+        v = VX[:, i]
+        for _ in range(2):                                    # twice is enough (Kahan)
+            v = v - np.einsum("bpj,bj->bp", Q[:, :, :i], np.einsum("bpj,bp->bj", Q[:, :, :i], v))
+        norm, scale = np.linalg.norm(v, axis=1), np.linalg.norm(VX[:, i], axis=1)
+        keep = (norm > rtol * scale) & (scale > 0)
+        Q[:, :, i] = np.where(keep[:, None], v / np.where(keep, norm, 1.0)[:, None], 0.0)
+        basis = Q[:, :, : i + 1]
+        residual = Y[:, i] - np.einsum("bpj,bj->bp", basis, np.einsum("bpj,bp->bj", basis, Y[:, i]))
+        distances[:, i] = (residual ** 2).sum(1)
+    return distances

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from lib import (Dense, LinearSSM, OperatorSpan, SoftmaxAttention, interaction_rank, interaction_span, operator_span,
                  pointwise_multiple, sine_to_line)
-from lib.spans import pointwise_witness
+from lib.spans import pointwise_witness, span_distances
 
 
 def random_rank_r(rng, m, p, d, r):
@@ -271,3 +271,65 @@ def test_sine_to_line_bad_input_names_the_argument(args, message):
 def test_pointwise_multiple_bad_input_names_the_argument(L, V, inputs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         pointwise_multiple(L, V, inputs)
+
+
+# -- span_distances (prop-single-head-generic-inputs, part 1) ------------------------------
+
+
+def least_squares_distances(Y, X, V):
+    """dist(y_i, V span{x_1..x_i})² by numpy's least squares, one position at a time."""
+    out = np.empty(Y.shape[:2])
+    for b in range(Y.shape[0]):
+        for i in range(Y.shape[1]):
+            M = V @ X[b, : i + 1].T
+            alpha = np.linalg.lstsq(M, Y[b, i], rcond=None)[0]
+            out[b, i] = ((Y[b, i] - M @ alpha) ** 2).sum()
+    return out
+
+
+@pytest.mark.parametrize("p, d", [(2, 2), (3, 2), (2, 3), (4, 4)])
+def test_prop_single_head_generic_inputs_span_distances_match_least_squares(p, d):
+    rng = np.random.default_rng(p + 10 * d)
+    X, Y, V = rng.standard_normal((6, 7, d)), rng.standard_normal((6, 7, p)), rng.standard_normal((p, d))
+    distances = span_distances(Y, X, V)
+    expected = least_squares_distances(Y, X, V)
+    assert np.allclose(distances, expected, rtol=1e-10, atol=1e-12 * (Y ** 2).sum(-1).max())
+    assert np.allclose(span_distances(Y[0], X[0], V), distances[0], rtol=0, atol=0)
+
+
+def test_prop_single_head_generic_inputs_span_distances_vanish_once_the_tokens_span():
+    # V = I, Gaussian tokens: x_1..x_d span ℝ^d, so every position i >= d is exact.
+    rng = np.random.default_rng(1)
+    X, Y = rng.standard_normal((50, 8, 3)), rng.standard_normal((50, 8, 3))
+    distances = span_distances(Y, X)
+    assert distances[:, 2:].max() <= 1e-24 * (Y ** 2).sum(-1).max()
+    assert distances[:, :2].min() > 1e-6
+
+
+def test_prop_single_head_generic_inputs_span_distances_with_dependent_tokens():
+    # x_2 = 2 x_1, x_3 = 0, x_4 = x_1 + 1e-14 e_2: none of them adds a direction, so every
+    # distance is that from the line through x_1 (an unpivoted QR would invent directions).
+    x1, e2 = np.array([1.0, 2.0, -1.0]), np.array([0.0, 1.0, 0.0])
+    X = np.stack([x1, 2 * x1, np.zeros(3), x1 + 1e-14 * e2])
+    Y = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [3.0, 1.0, 2.0], [0.0, 0.0, 1.0]])
+    line = x1 / np.linalg.norm(x1)
+    expected = ((Y - np.outer(Y @ line, line)) ** 2).sum(1)
+    assert np.allclose(span_distances(Y, X), expected, rtol=1e-9, atol=0)
+    # Planted: a target in the span has distance 0, one orthogonal to it its squared norm.
+    planted = np.stack([3 * x1, np.array([2.0, -1.0, 0.0]), x1, x1])
+    assert np.allclose(span_distances(planted, X), [0.0, 5.0, 0.0, 0.0], atol=1e-24)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((np.ones((4, 2)), np.ones((4, 3))), ValueError, "V must be given when p != d"),
+    ((np.ones((4, 2)), np.ones((5, 2))), ValueError, "Y must have shape (n, p) = (5, 2)"),
+    ((np.ones((2, 4, 2)), np.ones((3, 4, 2))), ValueError, "Y must have shape (b, n, p) = (3, 4, 2)"),
+    ((np.ones((4, 2)), np.ones(4)), ValueError, "X must have shape (n, d)"),
+    ((np.ones((4, 2)), np.ones((4, 2)), np.ones((2, 3))), ValueError, "V must have shape (p, d) = (2, 2)"),
+    ((np.ones((4, 2)), [["a"]]), TypeError, "X"),
+])
+def test_span_distances_bad_input_names_the_argument(args, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        span_distances(*args)
+    with pytest.raises(ValueError, match="rtol"):
+        span_distances(np.ones((4, 2)), np.ones((4, 2)), rtol=0.0)

@@ -10,6 +10,8 @@ page's formulas in numpy, and as bounds only where it claims bounds.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,122 @@ def test_zoo_validates_its_arguments():
         architecture_zoo(kernel=0)
     with pytest.raises(TypeError, match="n must be an integer"):
         architecture_zoo(n=2.0)
+
+
+# -- the notebook's tables and checks (tests/reference_operators.py): they must be able to fail
+
+
+class LinearSSM:
+    """A stand-in with the name, parameters and forward pass of a lib LinearSSM whose operator
+    (or forward pass) is off by a planted factor."""
+
+    def __init__(self, model, operator_factor=1.0, forward_factor=1.0):
+        self._model, self._operator_factor, self._forward_factor = model, operator_factor, forward_factor
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def operator(self, X):
+        return self._operator_factor * np.asarray(self._model.operator(X))
+
+    def __call__(self, X):
+        return self._forward_factor * np.asarray(self._model(X))
+
+
+[LTI] = [a for a in ZOO if a.label == "prop-lti-ssm"]
+[DENSE] = [a for a in ZOO if a.label == "prop-dense"]
+
+
+def lti_checks(ssm, measured=None):
+    models = {"dense": (DENSE.label, DENSE.model), "ssm": (LTI.label, ssm)}
+    families = ref.input_families(10, 4, np.random.default_rng(5), batch=2)
+    inputs = np.random.default_rng(6).standard_normal((4, 10, 4))
+    ranks = ref.rank_rows([DENSE, LTI], measured or {DENSE.name: 1, LTI.name: LTI.rank_bound}, inputs)
+    return {label: (value, tol) for label, value, tol, _ in
+            ref.proposition_checks(ref.agreement_rows(models, families), ranks)}
+
+
+def test_proposition_checks_pass_on_the_zoo_and_report_the_real_tolerance():
+    checks = lti_checks(LinearSSM(LTI.model))
+    assert set(checks) == {"prop-dense", "prop-lti-ssm"}
+    for value, tol in checks.values():
+        assert value <= tol and tol in (1e-10, 1e-8)
+
+
+@pytest.mark.parametrize("fault", [{"operator_factor": 1.001}, {"forward_factor": 1 + 1e-9}])
+def test_proposition_checks_fail_on_a_planted_error(fault):
+    value, tol = lti_checks(LinearSSM(LTI.model, **fault))["prop-lti-ssm"]
+    assert value > tol
+    assert lti_checks(LinearSSM(LTI.model, **fault))["prop-dense"][0] <= 1e-10
+
+
+def test_proposition_checks_fail_on_a_missed_rank():
+    value, tol = lti_checks(LinearSSM(LTI.model), {DENSE.name: 1, LTI.name: LTI.rank_bound - 1})["prop-lti-ssm"]
+    assert value >= 1 > tol
+
+
+def test_prop_structured_dynamics_rows_fail_on_a_planted_error():
+    families = {"random": np.random.default_rng(8).standard_normal((2, 6, 4))}
+    rows = ref.structured_rows({"ssm": LTI.model}, families, [(2, 3, 2)], np.random.default_rng(9))
+    assert [r["inputs"] for r in rows] == ["impulses", "random"]
+    assert all(r["error"] <= r["tolerance"] for r in rows)
+    planted = ref.structured_rows({"ssm": LinearSSM(LTI.model, 1 + 1e-8)}, families, [], np.random.default_rng(9))
+    assert ref.worst_row(planted, "error")["error"] > 1e-10
+
+
+def test_prop_discretisation_rows_pass_for_lib_and_fail_on_a_wrong_step():
+    from lib import LinearSSM as LibSSM
+
+    systems = ref.continuous_systems(3, 2, 2, np.random.default_rng(4), hurwitz=1, singular=1)
+    steps = [1e-2, 0.5]
+    value, _ = ref.discretisation_check(ref.discretisation_rows(LibSSM.from_continuous, systems, steps))
+    assert value <= 1e-12
+
+    def off(A_c, B_c, C, step, method):
+        return LibSSM.from_continuous(A_c, B_c, C, step * (1 + 1e-9), method=method)
+
+    assert ref.discretisation_check(ref.discretisation_rows(off, systems, steps))[0] > 1e-12
+
+    def off_B(A_c, B_c, C, step, method):
+        model = LibSSM.from_continuous(A_c, B_c, C, step, method=method)
+        return LibSSM(model.A, model.B * (1 + 1e-9), model.C)
+
+    assert ref.discretisation_check(ref.discretisation_rows(off_B, systems, steps))[0] > 1e-12
+
+    def off_radius(A_c, B_c, C, step, method):
+        model = LibSSM.from_continuous(A_c, B_c, C, step, method=method)
+        return SimpleNamespace(A=model.A, B=model.B, spectral_radius=model.spectral_radius * (1 + 1e-9))
+
+    assert ref.discretisation_check(ref.discretisation_rows(off_radius, systems, steps))[0] > 1e-12
+
+
+def test_prop_discretisation_check_counts_unstable_hurwitz_systems():
+    row = {"system": "Hurwitz 1", "Ā error": 0.0, "B̄ error": 0.0, "ρ(Ā)": 1.0, "ρ mapped": 1.0}
+    assert ref.discretisation_check([row])[0] == 1
+    assert ref.discretisation_check([{**row, "system": "zero 1"}])[0] == 0
+
+
+def test_prop_factorized_rank_misses_are_counted():
+    row = {"heads H": 2, "dim span{V_h}": 2, "dim span{α_ij(X)}": 2, "measured": 2}
+    assert ref.factorized_rank_misses([row]) == 0
+    assert ref.factorized_rank_misses([{**row, "measured": 1}]) == 1        # independent V_h: must equal
+    assert ref.factorized_rank_misses([{**row, "dim span{V_h}": 1, "measured": 1}]) == 0  # dependent: ≤ only
+    assert ref.factorized_rank_misses([{**row, "dim span{α_ij(X)}": 3, "measured": 3}]) == 1  # above H
+
+
+def test_notebook_helpers_bad_input_names_the_argument():
+    families = {"random": np.zeros((1, 3, 4))}
+    with pytest.raises(ValueError, match="models must be a non-empty dict"):
+        ref.agreement_rows({}, families)
+    with pytest.raises(ValueError, match=r"models\['x'\] must be a pair"):
+        ref.agreement_rows({"x": DENSE.model}, families)
+    with pytest.raises(ValueError, match="families must be a non-empty dict"):
+        ref.agreement_rows({"x": ("prop-dense", DENSE.model)}, {})
+    with pytest.raises(ValueError, match="measured lacks the ranks of"):
+        ref.rank_rows([DENSE], {}, np.zeros((1, 3, 4)))
+    with pytest.raises(ValueError, match="rows must not be empty"):
+        ref.worst_row([])
+    with pytest.raises(TypeError, match="discretise must be callable"):
+        ref.discretisation_rows(None, [], [0.1])
+    with pytest.raises(ValueError, match="steps must be a non-empty 1-d array of positive steps"):
+        ref.discretisation_rows(lambda *a, **k: None, [], [0.1, 0.0])
