@@ -271,7 +271,9 @@ def _vjp_by_autograd(route, inputs, grad):
     mode is on (inputs that carry a graph stay connected to it)."""
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
-        inputs = [z if z.requires_grad else z.detach().requires_grad_() for z in inputs]
+        # Without create_graph the inputs are cut from the outer graph, which the first backward
+        # has already freed (jacobian(vectorize=True) runs this once per batched cotangent).
+        inputs = [z if z.requires_grad and create_graph else z.detach().requires_grad_() for z in inputs]
         return torch.autograd.grad(route(*inputs), inputs, grad, allow_unused=True, create_graph=create_graph)
 
 

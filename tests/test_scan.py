@@ -263,3 +263,13 @@ def test_ssd_auto_takes_the_quadratic_form_up_to_64_steps_then_the_chunked_scan(
     np.testing.assert_array_equal(model(X), model(X, method=expected))
     np.testing.assert_allclose(model(X, method="quadratic"), model(X, method="recurrence"), rtol=1e-10,
                                atol=1e-12 * np.abs(model(X)).max())
+
+
+def test_vectorised_jacobian_through_the_model_scan_equals_the_loops():
+    # jacobian(vectorize=True) runs the backward once per batched cotangent: the fallback must not
+    # reach into the outer graph that the first backward freed (it did, at n >= 64 under "auto").
+    model = SelectiveSSM.random(4, 8, seed=0)
+    X = torch.randn(100, 4, dtype=torch.float64)
+    fast = torch.autograd.functional.jacobian(lambda Z: model(Z, method="scan"), X, vectorize=True)
+    loop = torch.autograd.functional.jacobian(lambda Z: model(Z, method="recurrence"), X)
+    torch.testing.assert_close(fast, loop, rtol=1e-12, atol=1e-14)
