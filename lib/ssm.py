@@ -92,6 +92,7 @@ class LinearSSM(_Routed):
 
     _CHUNK = 64
     _RECURRENCE_UP_TO = 256
+    time_invariant = True  # an LTI map with lags `_lags(n)`: lib.heads accepts it
 
     def __init__(self, A: Any, B: Any, C: Any, *, dtype: Any = torch.float64) -> None:
         super().__init__(resolve_dtype(dtype))
@@ -290,16 +291,16 @@ class LinearSSM(_Routed):
 class SelectiveSSM(_Routed):
     """Mamba's selective SSM (S6), following mamba's `selective_scan_ref`.
 
-    For each channel c = 1..d (so p = d), with a diagonal negative A[c] ∈ ℝ^N and
+    For each channel q = 1..d (so p = d), with a diagonal negative A[q] ∈ ℝ^N and
     input-dependent step, input and output vectors
 
         Δ_t = softplus(W_Δ x_t + b_Δ) ∈ ℝ^d,   B_t = W_B x_t ∈ ℝ^N,   C_t = W_C x_t ∈ ℝ^N,
-        h_t[c] = exp(Δ_t[c] A[c]) ⊙ h_{t−1}[c] + Δ_t[c] B_t x_t[c],   h_{−1} = 0,
-        y_t[c] = ⟨C_t, h_t[c]⟩.
+        s_t[q] = exp(Δ_t[q] A[q]) ⊙ s_{t−1}[q] + Δ_t[q] B_t x_t[q],   s_{−1} = 0,
+        y_t[q] = ⟨C_t, s_t[q]⟩.
 
     Implements {prf:ref}`prop-selective-ssm`: 𝒲_ij(X) is diagonal in the channels,
 
-        𝒲_ij[c, c] = C_iᵀ (Π_{t=j+1}^{i} exp(Δ_t[c] A[c])) ⊙ (Δ_j[c] B_j),   j ≤ i,
+        𝒲_ij[q, q] = C_iᵀ (Π_{t=j+1}^{i} exp(Δ_t[q] A[q])) ⊙ (Δ_j[q] B_j),   j ≤ i,
 
     i.e. "C_i A_i ⋯ A_{j+1} B_j" with input-dependent factors evaluated at X.
     Deviations from the Mamba block: no D skip connection, no z gate, no
@@ -329,7 +330,7 @@ class SelectiveSSM(_Routed):
     @classmethod
     def random(cls, d: int, N: int = 8, *, step_range: tuple[float, float] = (1e-3, 1e-1), seed: Any = 0,
                dtype: Any = torch.float64) -> "SelectiveSSM":
-        """Mamba's initialisation: A[c] = −(1, 2, …, N) (S4D-real), b_Δ so that
+        """Mamba's initialisation: A[q] = −(1, 2, …, N) (S4D-real), b_Δ so that
         softplus(b_Δ) is log-uniform in `step_range`; W_Δ, W_B, W_C with iid N(0, 1/d) entries."""
         d, N = check_int(d, "d"), check_int(N, "N")
         rng = np.random.default_rng(seed)
@@ -393,7 +394,7 @@ class SelectiveSSM(_Routed):
     def _operator(self, X: torch.Tensor) -> torch.Tensor:
         delta, B, C = self._selection(X)
         n = X.shape[1]
-        elapsed = _segment_sums(delta.transpose(1, 2)).permute(0, 2, 3, 1)  # Σ_{t=j+1}^{i} Δ_t[c], (b, i, j, d)
+        elapsed = _segment_sums(delta.transpose(1, 2)).permute(0, 2, 3, 1)  # Σ_{t=j+1}^{i} Δ_t[q], (b, i, j, d)
         decay = torch.exp(elapsed[..., None] * -torch.exp(self._A_log))     # (b, i, j, d, N), exponents <= 0
         causal = torch.tril(torch.ones(n, n, dtype=X.dtype))[None, :, :, None]
         coefficient = torch.einsum("bin,bijcn,bjn->bijc", C, decay, B) * delta[:, None] * causal
@@ -411,8 +412,8 @@ class SSD(_Routed):
     a_t^h = exp(Δ_t^h a_h) ∈ (0, 1) (a_h = −exp(A_log[h]) < 0), and B_t = W_B x_t,
     C_t = W_C x_t ∈ ℝ^N shared by the heads (Mamba-2 with one group),
 
-        h_t^h = a_t^h h_{t−1}^h + Δ_t^h B_t x_t^{(h)ᵀ}   (N × d_h),   h_{−1} = 0,
-        y_t = W_O concat_h((h_t^h)ᵀ C_t).
+        s_t^h = a_t^h s_{t−1}^h + Δ_t^h B_t x_t^{(h)ᵀ}   (N × d_h),   s_{−1} = 0,
+        y_t = W_O concat_h((s_t^h)ᵀ C_t).
 
     Implements {prf:ref}`prop-ssd`:
 
@@ -421,8 +422,7 @@ class SSD(_Routed):
     where P_h ∈ ℝ^{d×d} keeps head h's channels: a scalar times a shared map per
     head, so SSD lies in the factorized class with V_h = W_O P_h and its
     interaction rank is at most H (1 for one head).  The input is scaled by Δ_j as
-    in Mamba-2's reference (x·dt); no D skip, no gate, no normalisation.  Δ uses
-    torch's softplus (exact to e^{-20} ≈ 2e-9 absolute above 20; see SelectiveSSM).
+    in Mamba-2's reference (x·dt); no D skip, no gate, no normalisation.
 
     Forward routes (`model(X, method=...)`): "recurrence" (the reference loop),
     "scan" (Mamba-2's chunked block decomposition: the quadratic form inside chunks
@@ -530,3 +530,254 @@ class SSD(_Routed):
 
     def _sizes(self) -> dict[str, int]:
         return {"H": self.H, "N": self.N, **super()._sizes()}
+
+
+# -- trained layers: S4D's diagonal layer and S5's shared-state layer -------------------------
+
+
+class _ModalSSM(_Routed):
+    """An LTI layer with diagonal continuous dynamics, ZOH with a learned step and a skip D (p = d).
+
+    A mode has λ = −exp(A_log) + i A_imag (A_imag = 0 for real modes), step Δ = exp(log_step),
+    μ = e^{Δλ} and input weight B̄ = (e^{Δλ} − 1)/λ · B (`expm1`, so small Δλ keep their digits).
+    Complex modes stand for conjugate pairs and are read out as 2 Re(·); real modes as they are.
+    Subclasses compute `_lags(n)` (n, p, d) and the two routes; the operator is block Toeplitz.
+    """
+
+    METHODS = ("auto", "recurrence", "convolution")
+    time_invariant = True  # an LTI map with lags `_lags(n)`: lib.heads accepts it
+
+    def _modes(self, log_step: torch.Tensor, A_log: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Δλ and (e^{Δλ} − 1)/λ, complex when the layer has complex modes.
+        lam = -torch.exp(A_log)
+        if self.complex:
+            lam = torch.complex(lam, self._A_imag)
+        step_lam = torch.exp(log_step) * lam
+        return step_lam, torch.expm1(step_lam) / lam
+
+    def _readout(self, z: torch.Tensor) -> torch.Tensor:
+        return 2 * z.real if self.complex else z
+
+    def _forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
+        # "auto" is the convolution (n² work per mode, fast on CPU for the short sequences it trains on).
+        return self._recurrence(X) if method == "recurrence" else self._convolution(X)
+
+    def _operator(self, X: torch.Tensor) -> torch.Tensor:
+        b, n, _ = X.shape
+        return _toeplitz(self._lags(n), n).expand(b, n, n, self.p, self.d)
+
+    def lags(self, n: int) -> np.ndarray:
+        """L_ℓ for ℓ = 0..n−1, shape (n, p, d): the layer is y_i = Σ_{ℓ≤i} L_ℓ x_{i−ℓ}."""
+        return self._lags(check_int(n, "n")).detach().cpu().numpy()
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Δ = exp(log_step)."""
+        return torch.exp(self._log_step).detach().cpu().numpy()
+
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """The continuous eigenvalues λ (complex if the modes are), shape of A_log."""
+        lam = -torch.exp(self._A_log).detach().cpu().numpy()
+        return lam + 1j * self._A_imag.detach().cpu().numpy() if self.complex else lam
+
+    @property
+    def D(self) -> np.ndarray:
+        """The skip D, shape (d,): L_0 gains diag(D)."""
+        return _view(self._D)
+
+    def modes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Nodes ν_k (K,) and residues R_k (K, p, d), complex128, with L_ℓ = Σ_k ν_k^ℓ R_k (0⁰ = 1).
+
+        One node μ per mode (and μ̄ for a complex one, residue R̄), and the node 0 with residue
+        diag(D); K = 2·modes + 1 (complex) or modes + 1 (real).  Nodes need not be distinct.
+        """
+        nodes, residues = self._modes_and_residues()
+        if self.complex:
+            nodes, residues = torch.cat([nodes, nodes.conj()]), torch.cat([residues, residues.conj()])
+        zero = torch.zeros(1, dtype=nodes.dtype)
+        nodes = torch.cat([nodes, zero])
+        residues = torch.cat([residues, torch.diag(self._D).to(residues.dtype)[None]])
+        return nodes.detach().to(torch.complex128).numpy(), residues.detach().to(torch.complex128).numpy()
+
+
+def _s4d_init(shape: tuple[int, ...], M: int, init: str) -> tuple[np.ndarray, np.ndarray]:
+    # A_log, A_imag of S4D-Lin (λ = −½ + iπm, m = 0..M−1) or S4D-Real (λ = −(m+1), A_imag = 0).
+    m = np.broadcast_to(np.arange(M, dtype=float), (*shape, M))
+    if init == "lin":
+        return np.full((*shape, M), np.log(0.5)), np.pi * m
+    return np.log(m + 1.0), np.zeros((*shape, M))
+
+
+class DiagonalSSM(_ModalSSM):
+    """S4D's layer: d single-channel SSMs with diagonal A, each with its own learned step, and a skip D.
+
+    Channel q (Gu et al. 2022) has M modes λ_qm, step Δ_q, μ_qm = e^{Δ_q λ_qm}, B̄_qm = (μ_qm − 1)/λ_qm
+    (B_c = 1) and the kernel
+
+        K[q, ℓ] = 2 Re Σ_m C_qm B̄_qm μ_qm^ℓ  (complex: C = C[..., 0] + i C[..., 1], state size N = 2M)
+        K[q, ℓ] = Σ_m C_qm B̄_qm μ_qm^ℓ       (real: A_imag None, C (d, M), N = M),
+
+    y_i[q] = Σ_{ℓ≤i} K[q, ℓ] x_{i−ℓ}[q] + D_q x_i[q]: an LTI map ({prf:ref}`def-lti-ssm` with a skip)
+    whose lags are diagonal, L_ℓ = diag(K[:, ℓ]) + δ_{ℓ0} diag(D).  Routes: "recurrence" (the
+    complex state, step by step: the reference) and "convolution" (with K; "auto").
+
+    Args:
+        log_step: shape (d,).  A_log: shape (d, M).  C: shape (d, M, 2) if complex, else (d, M).
+        D: shape (d,).  A_imag: shape (d, M) for complex modes, None for real ones.
+    """
+
+    def __init__(self, log_step: Any, A_log: Any, C: Any, D: Any, A_imag: Any = None, *,
+                 dtype: Any = torch.float64) -> None:
+        super().__init__(resolve_dtype(dtype))
+        self.complex = A_imag is not None
+        modes = {"A_imag": (A_imag, ("d", "M"))} if self.complex else {}
+        dims = self._set_parameters(log_step=(log_step, ("d",)), A_log=(A_log, ("d", "M")), D=(D, ("d",)),
+                                    C=(C, ("d", "M", 2) if self.complex else ("d", "M")), **modes)
+        self.d = self.p = dims["d"]
+        self.M = dims["M"]
+        self.N = 2 * self.M if self.complex else self.M
+
+    @classmethod
+    def random(cls, d: int, N: int, *, init: str = "lin", step_range: tuple[float, float] = (1e-3, 1e-1),
+               seed: Any = 0, dtype: Any = torch.float64) -> "DiagonalSSM":
+        """S4D's initialisation with state size N per channel: "lin", M = N/2 modes λ = −½ + iπm
+        (m = 0..M−1, N even), C with E|C_qm|² = 1; "real", M = N modes λ = −(m+1), C ~ N(0, 1).
+        log Δ uniform in log step_range; D ~ N(0, 1); default_rng(seed)."""
+        d, N = check_int(d, "d"), check_int(N, "N")
+        init = check_choice(init, "init", ("lin", "real"))
+        if init == "lin" and N % 2:
+            raise ValueError(f"N must be even for init='lin' (N/2 complex modes); got N = {N}")
+        M = N // 2 if init == "lin" else N
+        rng = np.random.default_rng(seed)
+        log_step = np.log(_random_steps(rng, step_range, d))
+        A_log, A_imag = _s4d_init((d,), M, init)
+        C = rng.standard_normal((d, M, 2)) * np.sqrt(0.5) if init == "lin" else rng.standard_normal((d, M))
+        return cls(log_step, A_log, C, rng.standard_normal(d), A_imag if init == "lin" else None, dtype=dtype)
+
+    def kernel(self, n: int) -> np.ndarray:
+        """K[q, ℓ] for ℓ = 0..n−1 (without D), shape (d, n)."""
+        return self._kernel(check_int(n, "n")).detach().cpu().numpy()
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # Δλ (d, M) and C B̄ (d, M).
+        step_lam, factor = self._modes(self._log_step[:, None], self._A_log)
+        C = torch.complex(self._C[..., 0], self._C[..., 1]) if self.complex else self._C
+        return step_lam, C * factor
+
+    def _modes_and_residues(self) -> tuple[torch.Tensor, torch.Tensor]:
+        step_lam, CB = self._weights()                       # residue of mode (q, m): (CB)_qm E_qq
+        E = torch.diag_embed(torch.eye(self.d, dtype=CB.dtype))      # E[q] = E_qq
+        return torch.exp(step_lam).reshape(-1), (CB[..., None, None] * E[:, None]).reshape(-1, self.d, self.d)
+
+    def _kernel(self, n: int) -> torch.Tensor:
+        step_lam, CB = self._weights()
+        ell = torch.arange(n, dtype=self.dtype, device=step_lam.device)
+        return self._readout(torch.einsum("qm,qml->ql", CB, torch.exp(step_lam[..., None] * ell)))
+
+    def _lags(self, n: int) -> torch.Tensor:
+        lags = torch.diag_embed(self._kernel(n).T)
+        return torch.cat([lags[:1] + torch.diag(self._D), lags[1:]])
+
+    def _convolution(self, X: torch.Tensor) -> torch.Tensor:
+        n = X.shape[1]
+        return torch.einsum("ijq,bjq->biq", _toeplitz(self._kernel(n).T, n), X) + self._D * X
+
+    def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
+        step_lam, CB = self._weights()
+        mu, s, outputs = torch.exp(step_lam), None, []
+        for x in X.unbind(1):                                     # s_i = μ s_{i−1} + x_i, per channel and mode
+            s = x[..., None].to(mu.dtype) if s is None else mu * s + x[..., None]
+            outputs.append(self._readout((CB * s).sum(-1)) + self._D * x)
+        return torch.stack(outputs, 1)
+
+    def _sizes(self) -> dict[str, int]:
+        return {"N": self.N, **super()._sizes()}
+
+
+class SharedStateSSM(_ModalSSM):
+    """S5's layer: one multi-input multi-output SSM, M diagonal modes shared by the d channels, and a skip D.
+
+    Mode m (Smith et al. 2023) has λ_m, its own step Δ_m, μ_m = e^{Δ_m λ_m} and B̄_m = (μ_m − 1)/λ_m B_m;
+    with complex B (M, d), C (d, M) (last axis: real, imaginary part) and conjugate pairs read out
+    as 2 Re, the lags are full d × d matrices (state size P = 2M),
+
+        L_ℓ = 2 Re Σ_m C[:, m] μ_m^ℓ B̄_m + δ_{ℓ0} diag(D),   y_i = Σ_{ℓ≤i} L_ℓ x_{i−ℓ}.
+
+    Deviations from S5: S4D-Lin eigenvalues rather than HiPPO-N's, a convolution instead of a
+    parallel scan (same map).  Routes: "recurrence" (the reference), "convolution" ("auto").
+
+    Args:
+        log_step: shape (M,).  A_log, A_imag: shape (M,).  B: shape (M, d, 2).  C: shape (d, M, 2).
+        D: shape (d,).
+    """
+
+    def __init__(self, log_step: Any, A_log: Any, A_imag: Any, B: Any, C: Any, D: Any, *,
+                 dtype: Any = torch.float64) -> None:
+        super().__init__(resolve_dtype(dtype))
+        self.complex = True
+        dims = self._set_parameters(log_step=(log_step, ("M",)), A_log=(A_log, ("M",)), A_imag=(A_imag, ("M",)),
+                                    B=(B, ("M", "d", 2)), C=(C, ("d", "M", 2)), D=(D, ("d",)))
+        self.d = self.p = dims["d"]
+        self.M, self.P = dims["M"], 2 * dims["M"]
+
+    @classmethod
+    def random(cls, d: int, P: int, *, step_range: tuple[float, float] = (1e-3, 1e-1), seed: Any = 0,
+               dtype: Any = torch.float64) -> "SharedStateSSM":
+        """S4D-Lin modes λ = −½ + iπm, m = 0..P/2−1 (P even); E|B|² = 1/d, E|C|² = 2/P per entry;
+        log Δ_m uniform in log step_range; D ~ N(0, 1); default_rng(seed)."""
+        d, P = check_int(d, "d"), check_int(P, "P")
+        if P % 2:
+            raise ValueError(f"P must be even (P/2 complex modes); got P = {P}")
+        M, rng = P // 2, np.random.default_rng(seed)
+        log_step = np.log(_random_steps(rng, step_range, M))
+        A_log, A_imag = _s4d_init((), M, "lin")
+        B = rng.standard_normal((M, d, 2)) * np.sqrt(0.5 / d)
+        C = rng.standard_normal((d, M, 2)) * np.sqrt(0.5 / M)
+        return cls(log_step, A_log, A_imag, B, C, rng.standard_normal(d), dtype=dtype)
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # Δλ (M,), B̄ (M, d), C (d, M), complex.
+        step_lam, factor = self._modes(self._log_step, self._A_log)
+        B = torch.complex(self._B[..., 0], self._B[..., 1]) * factor[:, None]
+        return step_lam, B, torch.complex(self._C[..., 0], self._C[..., 1])
+
+    def _modes_and_residues(self) -> tuple[torch.Tensor, torch.Tensor]:
+        step_lam, B, C = self._weights()                     # residue of mode m: C[:, m] B̄_m
+        return torch.exp(step_lam), torch.einsum("pm,md->mpd", C, B)
+
+    def _lags(self, n: int) -> torch.Tensor:
+        step_lam, B, C = self._weights()
+        ell = torch.arange(n, dtype=self.dtype, device=step_lam.device)
+        lags = self._readout(torch.einsum("pm,ml,md->lpd", C, torch.exp(step_lam[:, None] * ell), B))
+        return torch.cat([lags[:1] + torch.diag(self._D), lags[1:]])
+
+    def _convolution(self, X: torch.Tensor) -> torch.Tensor:
+        step_lam, B, C = self._weights()
+        n = X.shape[1]
+        powers = torch.exp(step_lam[None, :] * torch.arange(n, dtype=self.dtype, device=X.device)[:, None])
+        states = torch.einsum("ijm,bjm->bim", _toeplitz(powers, n), X.to(B.dtype) @ B.T)
+        return self._readout(states @ C.T) + self._D * X
+
+    def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
+        step_lam, B, C = self._weights()
+        mu, s, outputs = torch.exp(step_lam), None, []
+        for x in X.unbind(1):                                     # s_i = μ ⊙ s_{i−1} + B̄ x_i
+            u = x.to(B.dtype) @ B.T
+            s = u if s is None else mu * s + u
+            outputs.append(self._readout(s @ C.T) + self._D * x)
+        return torch.stack(outputs, 1)
+
+    def _sizes(self) -> dict[str, int]:
+        return {"P": self.P, **super()._sizes()}
+
+
+def _random_steps(rng: np.random.Generator, step_range: Any, size: int) -> np.ndarray:
+    """Steps log-uniform in step_range = (lo, hi), 0 < lo <= hi."""
+    if not isinstance(step_range, (tuple, list)) or len(step_range) != 2:
+        raise TypeError(f"step_range must be a pair (lo, hi); got {step_range!r}")
+    lo = check_real(step_range[0], "step_range[0]", positive=True)
+    hi = check_real(step_range[1], "step_range[1]", positive=True)
+    if hi < lo:
+        raise ValueError(f"step_range must have lo <= hi; got {step_range!r}")
+    return np.exp(rng.uniform(np.log(lo), np.log(hi), size=size))
