@@ -11,8 +11,10 @@ out, torch in → torch out; float64 unless a model is built with dtype=torch.fl
 from .attention import LinearAttention, SoftmaxAttention
 from .base import SequenceMap
 from .factorized import RelativeHeads, factorized_operator
-from .gradients import (DecayBound, DecayFit, SelectivePath, fit_decay_rate, gate_closing_input, gradient_reach,
-                        jacobian_blocks, jacobian_norms, lag_norms, planted_key_input, rnn_jacobian,
+from .gradients import (DecayBound, DecayFit, DecayReport, FrozenGateSearch, GateClosingCheck, KeyPrice, SelectivePath,
+                        decay_report, fit_decay_rate, frozen_gate_response, frozen_gate_search, gate_closing_check,
+                        gate_closing_input, gate_closing_profile, gradient_reach, jacobian_blocks, jacobian_norms,
+                        key_price, lag_norms, planted_key_input, planted_key_profile, random_profiles, rnn_jacobian,
                         saturating_input, saturation_subset, selective_jacobian, ssm_decay_bound, stack_decay_bound,
                         with_constant_step)
 from .heads import (HeadFit, MapHeadBounds, SampledErrors, SingleHeadFit, SingleTokenWitness, TokenDependentHeads,
@@ -24,8 +26,8 @@ from .heads import (HeadFit, MapHeadBounds, SampledErrors, SingleHeadFit, Single
                     token_dependent_single_head, token_matrix, token_miss, truncated_heads, worst_conditioned_tokens)
 from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, identity_error, is_causal, operator_norms, relative_error, toeplitz_operator
-from .recall import (RecallResult, RecallTask, initial_gradient_norm, recall_model, recall_sweep, stable_ssm,
-                     train_recall)
+from .recall import (RecallResult, RecallSignal, RecallTask, initial_gradient_norm, recall_model, recall_sweep,
+                     signal_sweep, stable_ssm, train_recall)
 from .recurrent import ElmanRNN
 from .spans import (OperatorSpan, PointwiseMultiple, interaction_rank, interaction_span, operator_span,
                     pointwise_multiple, pointwise_witness, sine_to_line, span_distances)
@@ -62,12 +64,14 @@ API = {
         "held_out_error", "train_students"],
     "Gradients": [
         "jacobian_norms", "jacobian_blocks", "lag_norms", "DecayBound", "ssm_decay_bound", "stack_decay_bound",
-        "DecayFit", "fit_decay_rate", "gradient_reach", "planted_key_input", "gate_closing_input",
-        "SelectivePath", "selective_jacobian", "with_constant_step", "saturation_subset", "saturating_input",
-        "rnn_jacobian"],
+        "DecayFit", "fit_decay_rate", "DecayReport", "decay_report", "gradient_reach", "random_profiles",
+        "planted_key_input", "planted_key_profile", "KeyPrice", "key_price", "gate_closing_input",
+        "gate_closing_profile", "GateClosingCheck", "gate_closing_check", "SelectivePath", "selective_jacobian",
+        "with_constant_step", "frozen_gate_response", "FrozenGateSearch", "frozen_gate_search",
+        "saturation_subset", "saturating_input", "rnn_jacobian"],
     "The recall task": [
         "RecallTask", "recall_model", "stable_ssm", "train_recall", "RecallResult", "initial_gradient_norm",
-        "recall_sweep"],
+        "RecallSignal", "signal_sweep", "recall_sweep"],
 }
 
 __all__ = [name for names in API.values() for name in names]

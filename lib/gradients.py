@@ -160,7 +160,7 @@ def ssm_decay_bound(ssm: LinearSSM) -> DecayBound:
     """The bound ‖C A^ℓ B‖_F <= κ₂(P) ‖C‖₂ ‖B‖_F ρ(A)^ℓ of {prf:ref}`thm-ssm-gradient-decay`.
 
     ssm: a LinearSSM with diagonalisable A (ValueError when κ₂(P) > 1e12: A is numerically
-    defective and only the r > ρ form of the theorem holds). Deviation: Frobenius norms for J
+    defective and only the γ > ρ(A) form of the theorem holds). Deviation: Frobenius norms for J
     and B; numpy's unit-norm eigenvectors, within √N of the best scaling (van der Sluis).
     """
     _require(ssm, "ssm", LinearSSM)
@@ -176,13 +176,13 @@ def ssm_decay_bound(ssm: LinearSSM) -> DecayBound:
 def stack_decay_bound(stack: Stack, n: int, rate: float, *, constants: Any = None) -> np.ndarray:
     """The bound of {prf:ref}`prop-stack-decay` on ‖J_{i,i−D}‖_F for D = 0..n−1, shape (n,).
 
-    For L LTI layers with ‖L^{(m)}_ℓ‖_F <= K_m r^ℓ:
-    plain (∏_m K_m) C(D+L−1, L−1) r^D; residual [D = 0]√d + Σ_{s=1}^{L} e_s(K) C(D+s−1, s−1) r^D,
-    e_s the elementary symmetric polynomials. Attained by scalar layers K_m r^ℓ; computed in logs.
+    For M LTI layers with ‖L^{(q)}_ℓ‖_F <= κ_q γ^ℓ: plain (∏_q κ_q) C(D+M−1, M−1) γ^D;
+    residual [D = 0]√d + Σ_{k=1}^{M} e_k(κ) C(D+k−1, k−1) γ^D, e_k the elementary symmetric
+    polynomials. Attained by scalar layers κ_q γ^ℓ (`Stack.scalar`); computed in logs.
 
-    Args: stack, a Stack of LinearSSM layers; n, the number of distances; rate, r in (0, 1);
-    constants, None for the smallest valid K_m = max_{ℓ<n} ‖L^{(m)}_ℓ‖_F / r^ℓ, or L numbers
-    K_m >= 0 that must bound the lags for ℓ < n (ValueError otherwise).
+    Args: stack, a Stack of LinearSSM layers; n, the number of distances; rate, γ in (0, 1);
+    constants, None for the smallest valid κ_q = max_{ℓ<n} ‖L^{(q)}_ℓ‖_F / γ^ℓ, or M numbers
+    κ_q >= 0 that must bound the lags for ℓ < n (ValueError otherwise).
     Deviation: Frobenius norms, so the identity enters as ‖I‖_F = √d.
     """
     _require(stack, "stack", Stack)
@@ -211,21 +211,21 @@ def stack_decay_bound(stack: Stack, n: int, rate: float, *, constants: Any = Non
         given = math.log(constants[m]) if constants[m] > 0 else -math.inf
         if needed > given + 1e-9:
             raise ValueError(f"constants[{m}] = {constants[m]:.6g} does not bound layer {m}'s lags: "
-                             f"‖L_ℓ‖_F / r^ℓ reaches {math.exp(min(needed, 700.0)):.6g} for some ℓ < n")
+                             f"‖L_ℓ‖_F / γ^ℓ reaches {math.exp(min(needed, 700.0)):.6g} for some ℓ < n")
         log_K.append(given)
-    log_e = np.full(depth + 1, -np.inf)  # log e_s(K), s = 0..L, by e_s <- e_s + K_m e_{s−1}
+    log_e = np.full(depth + 1, -np.inf)  # log e_k(κ), k = 0..M, by e_k <- e_k + κ_q e_{k−1}
     log_e[0] = 0.0
     for lk in log_K:
         log_e[1:] = np.logaddexp(log_e[1:], lk + log_e[:-1])
 
-    def log_terms(s: int) -> np.ndarray:  # log e_s C(D + s − 1, s − 1) r^D
-        compositions = [math.log(math.comb(int(D) + s - 1, s - 1)) for D in distances]
-        return log_e[s] + np.array(compositions) + distances * log_rate
+    def log_terms(k: int) -> np.ndarray:  # log e_k C(D + k − 1, k − 1) γ^D
+        compositions = [math.log(math.comb(int(D) + k - 1, k - 1)) for D in distances]
+        return log_e[k] + np.array(compositions) + distances * log_rate
 
     with np.errstate(under="ignore"):
         if not stack.residual:
             return np.exp(log_terms(depth))
-        bound = np.exp(np.logaddexp.reduce(np.stack([log_terms(s) for s in range(1, depth + 1)]), axis=0))
+        bound = np.exp(np.logaddexp.reduce(np.stack([log_terms(k) for k in range(1, depth + 1)]), axis=0))
     bound[0] += math.sqrt(stack.d)
     return bound
 
@@ -276,6 +276,55 @@ def fit_decay_rate(norms: Any, *, start: int = 0, stop: int | None = None, floor
     residuals = log_norm - intercept - slope * ell
     stderr = math.sqrt(float(residuals @ residuals) / (m - 2) / sxx)
     return DecayFit(rate=math.exp(slope), log_rate=slope, log_rate_stderr=stderr, intercept=intercept, points=m)
+
+
+@dataclass(frozen=True)
+class DecayReport:
+    """An LTI SSM's profile against {prf:ref}`thm-ssm-gradient-decay` (`decay_report`).
+
+    norms (length,), ‖C A^ℓ B‖_F for ℓ = 0..length−1; bound, the theorem's `DecayBound`;
+    bound_ratio, the largest norms[ℓ] / bound.at(ℓ) (<= 1 where the theorem holds); fit, the
+    `DecayFit` of norms over ℓ >= start.
+    """
+
+    norms: np.ndarray
+    bound: DecayBound
+    bound_ratio: float
+    fit: DecayFit
+
+    @property
+    def relative_gap(self) -> float:
+        """abs(fitted log-rate − ln ρ(A)) / abs(ln ρ(A)), the fit's relative error."""
+        log_rho = math.log(self.bound.rate)
+        return abs(self.fit.log_rate - log_rho) / abs(log_rho)
+
+    def row(self) -> dict[str, float]:
+        """The report as one row of the profiles notebook's table `decay-fits`."""
+        return {"radius": self.bound.rate, "ln rho": math.log(self.bound.rate),
+                "fitted log-rate": self.fit.log_rate, "standard error": self.fit.log_rate_stderr,
+                "relative gap": self.relative_gap, "points": self.fit.points}
+
+
+def decay_report(ssm: LinearSSM, length: int, *, start: int = 0) -> DecayReport:
+    """Profile, bound and fitted log-rate of a stable LTI SSM over distances 0..length−1.
+
+    ssm: a LinearSSM with diagonalisable A and 0 < ρ(A) < 1; length >= 3; start, the first
+    distance of the fit (0 <= start <= length − 3; past a non-normal transient). The
+    profile comes from `lag_norms` (doubling), the bound from `ssm_decay_bound`.
+    """
+    _require(ssm, "ssm", LinearSSM)
+    length = check_int(length, "length", minimum=3)
+    start = check_int(start, "start", minimum=0)
+    if start > length - 3:
+        raise ValueError(f"start must satisfy 0 <= start <= length − 3 = {length - 3} (3 points to "
+                         f"fit); got {start}")
+    bound = ssm_decay_bound(ssm)
+    if not 0 < bound.rate < 1:
+        raise ValueError(f"ssm must be stable with 0 < ρ(A) < 1; got ρ(A) = {bound.rate:.6g}")
+    norms = _lag_norms(ssm, length)
+    ratio = float(np.max(norms / bound.at(np.arange(length))))
+    return DecayReport(norms=norms, bound=bound, bound_ratio=ratio,
+                       fit=fit_decay_rate(norms, start=start))
 
 
 def gradient_reach(profile: Any, eps: float = 1e-3) -> int:
@@ -345,6 +394,106 @@ def planted_key_input(attention: SoftmaxAttention | LinearAttention, n: int, i: 
     return X
 
 
+@dataclass(frozen=True)
+class KeyPrice:
+    """The score key j needs for weight α^h_ij >= 1 − ε ({prf:ref}`prop-attention-highway` 1).
+
+    score = lse_{t≠j} z^h_it + ln((1−ε)/ε); largest_other = max_{t≠j} z^h_it; gap, their
+    difference, between ln((1−ε)/ε) and ln(m(1−ε)/ε) for m other keys.
+    """
+
+    score: float
+    largest_other: float
+
+    @property
+    def gap(self) -> float:
+        """score − largest_other: how far key j must beat the best of the others."""
+        return self.score - self.largest_other
+
+
+def key_price(attention: SoftmaxAttention, X: Any, i: int, j: int, eps: float, *, head: int = 0) -> KeyPrice:
+    """The score key j needs at query i of `head` for α^h_ij >= 1 − eps (`KeyPrice`).
+
+    The other scores z^h_it (t <= i if causal, else every t; t != j; position bias included)
+    are computed in numpy from W_Q, W_K, not by the model's forward. Args: attention, a
+    SoftmaxAttention; X, one sequence (n, d); positions 0 <= i, j < n, j != i (j < i if
+    causal); eps in (0, 1); head in [0, H). Planting the key at that score
+    (`planted_key_input(..., strength=score)`) gives weight exactly 1 − eps.
+    """
+    _require(attention, "attention", SoftmaxAttention)
+    X = _numpy(_one_sequence(attention, X))
+    n = X.shape[0]
+    i, j = _position(i, "i", n), _position(j, "j", n)
+    if j == i:
+        raise ValueError(f"j must differ from i; got i = j = {i}")
+    if attention.causal and j > i:
+        raise ValueError(f"j must be < i for causal attention; got i = {i}, j = {j}")
+    eps = check_real(eps, "eps", positive=True)
+    if eps >= 1:
+        raise ValueError(f"eps must satisfy 0 < eps < 1; got {eps}")
+    head = check_int(head, "head", minimum=0)
+    if head >= attention.H:
+        raise ValueError(f"head must satisfy 0 <= head < H = {attention.H}; got {head}")
+    keys = np.arange(i + 1 if attention.causal else n)
+    keys = keys[keys != j]
+    q = attention.W_Q[head].astype(float) @ X[i]
+    scores = X[keys] @ attention.W_K[head].astype(float).T @ q / math.sqrt(attention.d_k)
+    if attention.position_bias is not None:
+        scores = scores + attention.position_bias[head, i - keys]
+    needed = float(np.logaddexp.reduce(scores) + math.log((1 - eps) / eps))
+    return KeyPrice(score=needed, largest_other=float(scores.max()))
+
+
+# -- profiles on chosen inputs ---------------------------------------------------------------------
+
+
+def _distances(distances: Any, n: int, smallest: int) -> list[int]:
+    if isinstance(distances, (str, bytes)) or not hasattr(distances, "__iter__"):
+        raise TypeError(f"distances must be a sequence of integers; got {type(distances).__name__}")
+    values = [check_int(D, "distances entries", minimum=smallest) for D in distances]
+    if not values or max(values) > n - 1:
+        raise ValueError(f"distances must hold at least one integer in [{smallest}, n − 1 = {n - 1}]; "
+                         f"got {values[:5]}{'…' if len(values) > 5 else ''}")
+    return values
+
+
+def random_profiles(model: SequenceMap, n: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Profiles ‖J_{n−1, n−1−D}‖_F, D = 0..n−1, on `count` random inputs, shape (count, n).
+
+    Input k is rng.standard_normal((n, d)), drawn in order from `rng` (a numpy Generator,
+    advanced), so a notebook's random stream stays as it was. Row k is indexed by distance.
+    """
+    _require(model, "model", SequenceMap)
+    n, count = check_int(n, "n"), check_int(count, "count")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator; got {type(rng).__name__}")
+    return np.stack([jacobian_norms(model, rng.standard_normal((n, model.d)), n - 1)[::-1]
+                     for _ in range(count)])
+
+
+def planted_key_profile(model: SequenceMap, n: int, distances: Any, *, layer: Any = None,
+                        strength: float = 30.0, head: int = 0, seed: int = 0) -> np.ndarray:
+    """‖J_{n−1, n−1−D}‖_F of `model` for each D in distances, each on its own planted key.
+
+    {prf:ref}`prop-attention-highway`: the input for D is `planted_key_input(layer, n, n − 1,
+    n − 1 − D, strength=strength, head=head, seed=seed + D)`; `layer` (default: `model`) is
+    the attention layer that sees X — for a Stack, its first layer. distances: integers in
+    [1, n − 1]. Returns shape (len(distances),).
+    """
+    _require(model, "model", SequenceMap)
+    layer = model if layer is None else layer
+    _require(layer, "layer", SoftmaxAttention, LinearAttention)
+    if layer.d != model.d:
+        raise ValueError(f"layer must take the model's input width d = {model.d}; got d = {layer.d}")
+    n = check_int(n, "n", minimum=2)
+    seed = check_int(seed, "seed", minimum=0)
+    norms = []
+    for D in _distances(distances, n, 1):
+        X = planted_key_input(layer, n, n - 1, n - 1 - D, strength=strength, head=head, seed=seed + D)
+        norms.append(jacobian_norms(model, X, n - 1)[n - 1 - D])
+    return np.array(norms)
+
+
 # -- selective SSMs ------------------------------------------------------------------------------
 
 
@@ -361,6 +510,56 @@ def with_constant_step(model: SelectiveSSM, step: float) -> SelectiveSSM:
                         dtype=model.dtype)
 
 
+def frozen_gate_response(step: float, rate: float, D: int, *, B: float = 1.0, C: float = 1.0) -> float:
+    """The lag-D response abs(L_D) of one frozen-gate mode Ā = e^{−Δa}, B̄ = ΔB, C ({prf:ref}`prop-frozen-gate`).
+
+    step = Δ > 0, rate = a > 0, D >= 0 the distance; B, C the mode's real scalars. Read from
+    `lag_norms` of that one-state LinearSSM (doubling), not from the closed form
+    abs(CB) Δ e^{−ΔaD}, so comparing the two checks one route against another.
+    """
+    step = check_real(step, "step", positive=True)
+    rate = check_real(rate, "rate", positive=True)
+    D = check_int(D, "D", minimum=0)
+    B, C = check_real(B, "B"), check_real(C, "C")
+    mode = LinearSSM([[math.exp(-step * rate)]], [[step * B]], [[C]])
+    return float(_lag_norms(mode, D + 1)[D])
+
+
+@dataclass(frozen=True)
+class FrozenGateSearch:
+    """The largest abs(L_D) over a grid of steps Δ and rates a, and where (`frozen_gate_search`)."""
+
+    response: float
+    step: float
+    rate: float
+
+
+def frozen_gate_search(D: int, steps: Any, rates: Any, *, B: float = 1.0, C: float = 1.0) -> FrozenGateSearch:
+    """max over Δ in steps and a in rates of `frozen_gate_response(Δ, a, D, B=B, C=C)`.
+
+    {prf:ref}`prop-frozen-gate` 1: with every rate >= a_min the maximum cannot exceed
+    abs(CB)/(e a_min D), and a grid holding a = a_min and Δ = 1/(a_min D) attains it. steps,
+    rates: non-empty 1-d sequences of positive numbers; D >= 1. Ties go to the first maximum
+    (steps outer, rates inner).
+    """
+    D = check_int(D, "D", minimum=1)
+    grids = []
+    for name, values in (("steps", steps), ("rates", rates)):
+        values = np.asarray(values, dtype=float) if not isinstance(values, (str, bytes)) else None
+        if values is None or values.ndim != 1 or values.size == 0:
+            raise ValueError(f"{name} must be a non-empty 1-d sequence of numbers > 0")
+        if not np.all(np.isfinite(values)) or np.any(values <= 0):
+            raise ValueError(f"{name} must hold finite numbers > 0")
+        grids.append(values)
+    best = FrozenGateSearch(response=-1.0, step=math.nan, rate=math.nan)
+    for step in grids[0]:
+        for rate in grids[1]:
+            response = frozen_gate_response(float(step), float(rate), D, B=B, C=C)
+            if response > best.response:
+                best = FrozenGateSearch(response=response, step=float(step), rate=float(rate))
+    return best
+
+
 def _gate(model: SelectiveSSM | SSD) -> tuple[np.ndarray, np.ndarray]:
     # (W_Δ, b_Δ): (d, d) and (d,) per channel for a SelectiveSSM; (H, d) and (H,) per head for an SSD.
     return _numpy(model._W_delta), _numpy(model._b_delta)
@@ -371,8 +570,8 @@ def gate_closing_input(model: SelectiveSSM | SSD, n: int, j: int, *, closing: fl
     """An input (n, d) that writes token j into the state, then closes every gate.
 
     {prf:ref}`cor-gate-closing`: x_t = 0 for t < j; x_j = w with W_Δ w + b_Δ = opening · 1 (a
-    seeded N(0, I) token projected onto that plane); x_t = z with W_Δ z + b_Δ = −closing · 1
-    for t > j (least norm), so every later step is softplus(−closing) < e^{−closing}.
+    seeded N(0, I) token projected onto that plane); x_t = u with W_Δ u + b_Δ = −μ 1, μ =
+    closing, for t > j (least norm), so every later step is softplus(−μ) < e^{−μ}.
 
     Args: model, a SelectiveSSM or SSD whose W_Δ has full row rank (ValueError otherwise);
     n; 0 <= j < n; closing > 0; opening; seed.
@@ -417,8 +616,8 @@ class SelectivePath:
 def selective_jacobian(model: SelectiveSSM | SSD, X: Any, i: int, j: int) -> SelectivePath:
     """J_ij of a SelectiveSSM or SSD in closed form, without autograd ({prf:ref}`prop-selective-gradient`).
 
-    The state is run forward in numpy, ∂h_j/∂x_j differentiated by hand (through Δ_j, B_j and
-    x_j), and carried by exp(A τ). Args: X, one sequence (n, d); positions 0 <= j <= i < n.
+    The state s_t is run forward in numpy, ∂s_j/∂x_j differentiated by hand (through Δ_j, B_j
+    and x_j), and carried by exp(A τ). Args: X, one sequence (n, d); positions 0 <= j <= i < n.
     """
     _require(model, "model", SelectiveSSM, SSD)
     X, i, j = _path(model, X, i, j)
@@ -431,16 +630,16 @@ def selective_jacobian(model: SelectiveSSM | SSD, X: Any, i: int, j: int) -> Sel
     tau = delta[j + 1: i + 1].sum(0)        # accumulated step per channel / head
     if isinstance(model, SelectiveSSM):
         A = -np.exp(_numpy(model._A_log))   # (d, N)
-        h = np.zeros((d, model.N))
-        for t in range(j):                  # h_{j−1}
+        h = np.zeros((d, model.N))          # the state s_t
+        for t in range(j):                  # s_{j−1}
             h = np.exp(delta[t][:, None] * A) * h + (delta[t] * X[t])[:, None] * Bt[t][None, :]
         decay_j = np.exp(delta[j][:, None] * A)
-        u = A * decay_j * h + X[j][:, None] * Bt[j][None, :]          # ∂h_j[c]/∂Δ_j[c], (d, N)
+        u = A * decay_j * h + X[j][:, None] * Bt[j][None, :]          # ∂s_j[q]/∂Δ_j[q], (d, N)
         G = (u * slope[j][:, None])[:, :, None] * W_delta[:, None, :]  # through Δ_j, (d, N, d)
         G += (delta[j] * X[j])[:, None, None] * W_B[None]             # through B_j
         G[np.arange(d), :, np.arange(d)] += delta[j][:, None] * Bt[j][None, :]  # through x_j[c]
         modes = np.zeros((d, model.N, d, d))
-        modes[np.arange(d), :, np.arange(d), :] = Ct[i][None, :, None] * G   # row c of the block
+        modes[np.arange(d), :, np.arange(d), :] = Ct[i][None, :, None] * G   # row q of the block
         modes = modes.reshape(d * model.N, d, d)
         rates, steps = -A.reshape(-1), np.repeat(tau, model.N)
         if i == j:
@@ -458,7 +657,7 @@ def selective_jacobian(model: SelectiveSSM | SSD, X: Any, i: int, j: int) -> Sel
         overlap = Bt[j] @ Ct[i]
         modes = np.zeros((H, W_O.shape[0], d))
         for k in range(H):
-            carried = np.exp(delta[j, k] * a[k]) * h[k].T @ Ct[i]               # (h^k_{j−1})ᵀ C_i, (d_h,)
+            carried = np.exp(delta[j, k] * a[k]) * h[k].T @ Ct[i]               # (s^k_{j−1})ᵀ C_i, (d_h,)
             dq = np.outer(a[k] * carried + heads[j, k] * overlap, slope[j, k] * W_delta[k])  # through Δ_j
             dq[:, k * d_h:(k + 1) * d_h] += delta[j, k] * overlap * np.eye(d_h)             # through x_j^{(k)}
             dq += delta[j, k] * np.outer(heads[j, k], Ct[i] @ W_B)                          # through B_j
@@ -474,6 +673,55 @@ def selective_jacobian(model: SelectiveSSM | SSD, X: Any, i: int, j: int) -> Sel
     with np.errstate(under="ignore"):
         block = np.einsum("k,kpd->pd", np.exp(-rates * steps), modes)
     return SelectivePath(block=block, modes=modes, rates=rates, steps=steps)
+
+
+def gate_closing_profile(model: SelectiveSSM | SSD, n: int, distances: Any, *, closing: float = 40.0,
+                         seed: int = 0) -> np.ndarray:
+    """‖J_{n−1, n−1−D}‖_F for each D in distances, each on `gate_closing_input(model, n,
+    n − 1 − D, closing=closing, seed=seed)`, shape (len(distances),).
+
+    {prf:ref}`cor-gate-closing`: flat in D up to a relative a_max D e^{−closing}.
+    distances: integers in [0, n − 1].
+    """
+    _require(model, "model", SelectiveSSM, SSD)
+    n = check_int(n, "n")
+    return np.array([jacobian_norms(model, gate_closing_input(model, n, n - 1 - D, closing=closing, seed=seed),
+                                    n - 1)[n - 1 - D] for D in _distances(distances, n, 0)])
+
+
+@dataclass(frozen=True)
+class GateClosingCheck:
+    """{prf:ref}`cor-gate-closing` measured on gate-closing inputs (`gate_closing_check`).
+
+    ratio, the largest ‖J_ij − J⁰‖_F over its bound a_max D e^{−μ} Σ_k ‖T_k‖_F (at most 1
+    where the corollary holds; J_ij by autograd, J⁰ and the T_k from `selective_jacobian` at
+    D = 1); spread, the largest ‖J⁰(D) − J⁰(1)‖_F / ‖J⁰(1)‖_F (0 predicted: J⁰ does not
+    depend on D).
+    """
+
+    ratio: float
+    spread: float
+
+
+def gate_closing_check(model: SelectiveSSM | SSD, n: int, *, closing: float = 40.0, seed: int = 0) -> GateClosingCheck:
+    """Check {prf:ref}`cor-gate-closing` at every distance D = 1..n−1 (`GateClosingCheck`).
+
+    The input for D is `gate_closing_input(model, n, n − 1 − D, closing=closing, seed=seed)`;
+    μ = closing. The bound gets 1e-12 ‖J⁰‖ of slack (rounding of J_ij itself). n >= 2.
+    """
+    _require(model, "model", SelectiveSSM, SSD)
+    n = check_int(n, "n", minimum=2)
+    closing = check_real(closing, "closing", positive=True)
+    last, J0, ratio, spread = n - 1, None, 0.0, 0.0
+    for D in range(1, n):
+        X = gate_closing_input(model, n, last - D, closing=closing, seed=seed)
+        path = selective_jacobian(model, X, last, last - D)
+        J0 = path.undecayed if J0 is None else J0
+        J = jacobian_blocks(model, X, last)[last - D]
+        allowed = path.rates.max() * D * math.exp(-closing) * np.linalg.norm(path.modes, axis=(1, 2)).sum()
+        ratio = max(ratio, float(np.linalg.norm(J - J0) / (allowed + 1e-12 * np.linalg.norm(J0))))
+        spread = max(spread, float(np.linalg.norm(path.undecayed - J0) / np.linalg.norm(J0)))
+    return GateClosingCheck(ratio=ratio, spread=spread)
 
 
 # -- nonlinear RNNs --------------------------------------------------------------------------------
@@ -502,7 +750,7 @@ def saturation_subset(rnn: ElmanRNN) -> tuple[tuple[int, ...], float]:
 def saturating_input(rnn: ElmanRNN, n: int, subset: Any = None, *, saturation: float = 20.0) -> np.ndarray:
     """An input (n, d) holding every pre-activation at z* (0 on S, `saturation` off S).
 
-    {prf:ref}`prop-rnn-gradient` (b): x_0 = U⁺z*, x_t = U⁺(z* − W tanh z*), so every Φ_t is the
+    {prf:ref}`prop-rnn-gradient` 2: x_0 = U⁺z*, x_t = U⁺(z* − W tanh z*), so every Φ_t is the
     same and J_ij = C (ΦW)^{i−j} Φ U for all j <= i. Args: rnn, an ElmanRNN whose U (N, d) has
     full row rank (ValueError otherwise); n; subset, distinct indices in [0, N) (default
     `saturation_subset(rnn)[0]`); saturation > 0.

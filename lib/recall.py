@@ -1,8 +1,9 @@
 """Delayed recall: the training consequence of the gradient highway ({ref}`chap-gradient-highway`).
 
-A sequence of n tokens in ℝ^K carries a class token e_c at position n − 1 − D and background
-tokens elsewhere; the model names c at the last position. The only useful gradient path runs
-over distance D: ‖C A^D B‖ = O(ρ^D) for a stable LTI SSM ({prf:ref}`thm-ssm-gradient-decay`),
+A sequence of n tokens in ℝ^Q carries the one-hot token of one of Q classes at position
+n − 1 − D and background tokens elsewhere; the model names the class at the last position.
+The only useful gradient path runs over distance D: ‖C A^D B‖ = O(ρ^D) for a stable LTI SSM
+({prf:ref}`thm-ssm-gradient-decay`),
 α_{n−1,n−1−D} V for attention with a learned position bias ({prf:ref}`prop-attention-highway`).
 
 The three models are lib models — a `LinearSSM` whose A is kept stable by a parametrisation,
@@ -36,8 +37,9 @@ KINDS = ("ssm", "attention", "hybrid")
 class RecallTask:
     """Recall the class token seen D steps before the end.
 
-    A sequence has length n = distance + 1 + lead; position `lead` holds e_c ∈ ℝ^K (c uniform),
-    every other position N(0, noise² I_K); the target c is read at position n − 1.
+    A sequence has length n = distance + 1 + lead; position `lead` holds the one-hot token of
+    a uniform class among Q = classes, every other position N(0, noise² I_Q); the class is
+    the target at position n − 1.
     """
 
     distance: int
@@ -56,7 +58,7 @@ class RecallTask:
         return self.distance + 1 + self.lead
 
     def sample(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """X of shape (batch, n, K) in float64 and labels of shape (batch,), from `generator` only."""
+        """X of shape (batch, n, Q) in float64 and labels of shape (batch,), from `generator` only."""
         batch = check_int(batch, "batch")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator; got {type(generator).__name__}")
@@ -67,7 +69,7 @@ class RecallTask:
 
 
 class _RotationScaling(torch.nn.Module):
-    """A = blockdiag(r_k R(θ_k)) from unconstrained rows (ν_k, θ_k), r_k = sigmoid(ν_k) < 1."""
+    """A = blockdiag(ρ_k R(θ_k)) from unconstrained rows (ν_k, θ_k), ρ_k = sigmoid(ν_k) < 1."""
 
     def forward(self, radius_angle: torch.Tensor) -> torch.Tensor:
         r, angle = torch.sigmoid(radius_angle[:, 0]), radius_angle[:, 1]
@@ -82,13 +84,14 @@ class _RotationScaling(torch.nn.Module):
 
 def stable_ssm(classes: int, state_size: int = 16, *, radius: tuple[float, float] = (0.85, 0.95),
                seed: int = 0) -> LinearSSM:
-    """A K → K LinearSSM whose A stays stable while it trains: eigenvalues r_k e^{±iθ_k}, r_k < 1.
+    """A Q → Q LinearSSM (Q = classes) whose A stays stable while it trains: eigenvalues
+    ρ_k e^{±iθ_k}, ρ_k < 1.
 
-    Init from a torch.Generator seeded with `seed`: r_k uniform in `radius`, θ_k uniform in
-    [0, π], B, C Gaussian with variance 1/fan-in. A near-unit init (LRU-style, r ∈ (0.99,
+    Init from a torch.Generator seeded with `seed`: ρ_k uniform in `radius`, θ_k uniform in
+    [0, π], B, C Gaussian with variance 1/fan-in. A near-unit init (LRU-style, ρ_k ∈ (0.99,
     0.999)) removes the lag-D attenuation at the start.
     """
-    K, N = check_int(classes, "classes", minimum=2), check_int(state_size, "state_size", minimum=2)
+    Q, N = check_int(classes, "classes", minimum=2), check_int(state_size, "state_size", minimum=2)
     if N % 2:
         raise ValueError(f"state_size must be even (complex pairs); got {N}")
     lo, hi = (check_real(r, "radius") for r in radius)
@@ -97,8 +100,8 @@ def stable_ssm(classes: int, state_size: int = 16, *, radius: tuple[float, float
     g = torch.Generator().manual_seed(seed)
     r = lo + (hi - lo) * torch.rand(N // 2, generator=g, dtype=torch.float64)
     angle = math.pi * torch.rand(N // 2, generator=g, dtype=torch.float64)
-    B = (1 / math.sqrt(K)) * torch.randn(N, K, generator=g, dtype=torch.float64)
-    C = (1 / math.sqrt(N)) * torch.randn(K, N, generator=g, dtype=torch.float64)
+    B = (1 / math.sqrt(Q)) * torch.randn(N, Q, generator=g, dtype=torch.float64)
+    C = (1 / math.sqrt(N)) * torch.randn(Q, N, generator=g, dtype=torch.float64)
     radius_angle = torch.stack([torch.log(r / (1 - r)), angle], 1)
     ssm = LinearSSM(_RotationScaling()(radius_angle), B, C)
     parametrize.register_parametrization(ssm, "_A", _RotationScaling(), unsafe=True)
@@ -111,7 +114,7 @@ def recall_model(kind: str, task: RecallTask, *, seed: int = 0,
                  radius: tuple[float, float] = (0.85, 0.95)) -> SequenceMap:
     """A fresh "ssm", "attention" or "hybrid" model for `task`, read at the last position.
 
-    attention: one causal head (d_k = d_v = K) with zero position biases; hybrid: the residual
+    attention: one causal head (d_k = d_v = Q) with zero position biases; hybrid: the residual
     block x + ssm(x), then the attention head without a residual (it would put the last
     background token straight into the logits). `radius` sets the SSM's initial moduli.
     """
@@ -121,13 +124,13 @@ def recall_model(kind: str, task: RecallTask, *, seed: int = 0,
     if kind == "ssm":
         return stable_ssm(task.classes, radius=radius, seed=seed)
     g = torch.Generator().manual_seed(seed + (kind == "hybrid"))
-    K = task.classes
-    W_Q, W_K, W_V, W_O = ((1 / math.sqrt(K)) * torch.randn(1, K, K, generator=g, dtype=torch.float64)
+    Q = task.classes
+    W_Q, W_K, W_V, W_O = ((1 / math.sqrt(Q)) * torch.randn(1, Q, Q, generator=g, dtype=torch.float64)
                           for _ in range(4))
     attention = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=torch.zeros(1, task.length, dtype=torch.float64))
     if kind == "attention":
         return attention
-    return Stack([Stack([stable_ssm(K, radius=radius, seed=seed)], residual=True), attention])
+    return Stack([Stack([stable_ssm(Q, radius=radius, seed=seed)], residual=True), attention])
 
 
 def _logits(model: SequenceMap, X: torch.Tensor) -> torch.Tensor:
@@ -221,6 +224,32 @@ def recall_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str,
                     progress(f"recall {kind:9s} D={D:4d} seed={seed}: accuracy {r.accuracy:.3f}, loss {r.loss:.3f}")
     return results
 
+
+
+@dataclass(frozen=True)
+class RecallSignal:
+    """The learning signal at initialisation of one fresh model (`signal_sweep`)."""
+
+    kind: str
+    distance: int
+    seed: int
+    gradient_norm: float
+
+
+def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
+                 seeds: tuple[int, ...] = (0, 1, 2), *, classes: int = 8, samples: int = 256) -> list[RecallSignal]:
+    """`initial_gradient_norm` of a fresh `recall_model(kind, task, seed=seed)` on the blank task
+    (noise 0, so the class token is the only input), its batch of `samples` drawn with `seed`,
+    for every (kind, distance, seed) in the order kinds × distances × seeds."""
+    results = []
+    for kind in kinds:
+        for D in distances:
+            task = RecallTask(D, classes=classes, noise=0.0)
+            for seed in seeds:
+                seed = check_int(seed, "seeds entries", minimum=0)
+                norm = initial_gradient_norm(recall_model(kind, task, seed=seed), task, samples=samples, seed=seed)
+                results.append(RecallSignal(kind=kind, distance=task.distance, seed=seed, gradient_norm=norm))
+    return results
 
 # Former names of the recall models (before they were lib models read by `train_recall`).
 def RecallSSM(classes: int, state_size: int = 16, *, radius: tuple[float, float] = (0.85, 0.95),

@@ -2,8 +2,8 @@
 
 Composing layers multiplies their operators, each at its own layer's input: for Z = f₁(X)
 and Y = f₂(Z), 𝒲_ij(X) = Σ_k 𝒲²_ik(Z) 𝒲¹_kj(X); a residual layer x + f(x) has operator
-I + 𝒲^f. The Jacobian obeys the same product rule, so a stack of L stable LTI SSMs decays like
-(i − j)^{L−1} ρ^{i−j} ({prf:ref}`prop-stack-decay`), and one attention layer can reopen a
+I + 𝒲^f. The Jacobian obeys the same product rule, so a stack of M stable LTI SSMs decays like
+(i − j)^{M−1} γ^{i−j} ({prf:ref}`prop-stack-decay`), and one attention layer can reopen a
 distance-independent path ({prf:ref}`prop-attention-highway`).
 """
 
@@ -39,7 +39,7 @@ def ssm_layer(kind: str, state_size: int, d: int, spectral_radius: float, *, see
 
 
 class Stack(SequenceMap):
-    """Layers one after another: Z_k = f_k(Z_{k−1}), or Z_{k−1} + f_k(Z_{k−1}) if residual; Y = Z_L.
+    """Layers one after another: Z_q = f_q(Z_{q−1}), or Z_{q−1} + f_q(Z_{q−1}) if residual; Y = Z_M.
 
     The operator is the product of the layers' operators (module docstring), so
     Y = apply_operator(stack.operator(X), X) as for every model.
@@ -99,6 +99,39 @@ class Stack(SequenceMap):
                   if k % every == offset else ssm_layer(ssm, state_size, d, radius, seed=s, dtype=dtype)
                   for k, s in enumerate(seeds)]
         return cls(layers, residual=residual)
+
+    @classmethod
+    def lti(cls, d: int, depth: int, *, state_size: int = 8, spectral_radius: float = 0.9, ssm: str = "gaussian",
+            residual: bool = False, seed: Any = 0, dtype: Any = torch.float64) -> "Stack":
+        """`depth` d → d LTI SSM layers `ssm_layer(ssm, state_size, d, spectral_radius)`, plain or residual.
+
+        The stacks of {prf:ref}`prop-stack-decay`. seed: an int or a list of ints (numpy
+        SeedSequence entropy), one independent stream per layer as in `hybrid`; the plain and
+        the residual stack of one seed have the same layers.
+        """
+        d, depth = check_int(d, "d"), check_int(depth, "depth")
+        radius = check_real(spectral_radius, "spectral_radius", nonnegative=True)
+        ssm = check_choice(ssm, "ssm", SSM_KINDS)
+        seeds = np.random.SeedSequence(seed).spawn(depth)
+        return cls([ssm_layer(ssm, state_size, d, radius, seed=s, dtype=dtype) for s in seeds], residual=residual)
+
+    @classmethod
+    def scalar(cls, constants: Iterable[float], rate: float, *, residual: bool = False) -> "Stack":
+        """Scalar LTI layers with lags L^{(q)}_ℓ = κ_q γ^ℓ (A = γ, B = κ_q, C = 1), q = 1..M.
+
+        Every path through them is positive, so they attain the bound of
+        {prf:ref}`prop-stack-decay` (`lib.gradients.stack_decay_bound`) with equality.
+        constants: M >= 1 numbers κ_q >= 0; rate: γ in [0, 1).
+        """
+        if isinstance(constants, (str, bytes)) or not isinstance(constants, Iterable):
+            raise TypeError(f"constants must be a sequence of numbers; got {type(constants).__name__}")
+        constants = [check_real(K, "constants entries", nonnegative=True) for K in constants]
+        if not constants:
+            raise ValueError("constants must hold at least one number (one per layer)")
+        rate = check_real(rate, "rate", nonnegative=True)
+        if rate >= 1:
+            raise ValueError(f"rate must satisfy 0 <= rate < 1; got {rate}")
+        return cls([LinearSSM([[rate]], [[K]], [[1.0]]) for K in constants], residual=residual)
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         Z = X

@@ -14,9 +14,11 @@ from scipy.stats import t as student_t
 
 from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
                  RelativeHeads, SelectiveSSM, SoftmaxAttention)
-from lib.gradients import (DecayFit, fit_decay_rate, gate_closing_input, gradient_reach, jacobian_blocks,
-                           jacobian_norms, lag_norms, planted_key_input, rnn_jacobian, saturating_input,
-                           saturation_subset, selective_jacobian, ssm_decay_bound, with_constant_step)
+from lib.gradients import (DecayFit, decay_report, fit_decay_rate, frozen_gate_response, frozen_gate_search,
+                           gate_closing_check, gate_closing_input, gate_closing_profile, gradient_reach,
+                           jacobian_blocks, jacobian_norms, key_price, lag_norms, planted_key_input,
+                           planted_key_profile, random_profiles, rnn_jacobian, saturating_input, saturation_subset,
+                           selective_jacobian, ssm_decay_bound, with_constant_step)
 from lib.zoo import architecture_zoo
 from lib.stacks import Stack
 
@@ -203,6 +205,49 @@ def test_ssm_decay_bound_refuses_defective_A():
         ssm_decay_bound(Dense.random(2, 2))
 
 
+def test_thm_ssm_gradient_decay_report_against_matrix_powers_and_scipy():
+    ssm = LinearSSM.random(6, 3, 2, spectral_radius=0.8, seed=4)
+    report = decay_report(ssm, 90, start=30)
+    powers = np.array([np.linalg.norm(ssm.C @ mpow(ssm.A, ell) @ ssm.B) for ell in range(90)])
+    np.testing.assert_allclose(report.norms, powers, rtol=1e-10)
+    eigenvalues, P = np.linalg.eig(ssm.A)
+    rho = np.abs(eigenvalues).max()
+    bound = np.linalg.cond(P) * np.linalg.norm(ssm.C, 2) * np.linalg.norm(ssm.B) * rho ** np.arange(90)
+    assert report.bound_ratio == pytest.approx((powers / bound).max(), rel=1e-9)
+    assert report.bound_ratio <= 1
+    line = linregress(np.arange(30, 90), np.log(powers[30:]))
+    assert report.fit.log_rate == pytest.approx(line.slope, rel=1e-9)
+    assert report.fit.points == 60
+    assert report.relative_gap == pytest.approx(abs(line.slope - np.log(rho)) / abs(np.log(rho)), abs=1e-8)
+    row = report.row()
+    assert list(row) == ["radius", "ln rho", "fitted log-rate", "standard error", "relative gap", "points"]
+    assert row["radius"] == pytest.approx(0.8, rel=1e-12) and row["ln rho"] == pytest.approx(np.log(0.8), rel=1e-12)
+    assert row["standard error"] == pytest.approx(line.stderr, rel=1e-6)
+
+
+def test_thm_ssm_gradient_decay_report_is_exact_for_a_scaled_identity():
+    # A = ρI, B = C = I: ‖A^ℓ‖_F = √N ρ^ℓ is the bound itself (κ₂(P) = 1), a line of slope ln ρ.
+    rho = 0.6
+    report = decay_report(LinearSSM(rho * np.eye(3), np.eye(3), np.eye(3)), 40)
+    assert report.bound_ratio == pytest.approx(1.0, rel=1e-12)
+    assert report.fit.log_rate == pytest.approx(np.log(rho), rel=1e-12)
+    assert report.relative_gap < 1e-12
+
+
+def test_decay_report_bad_input():
+    ssm = LinearSSM.random(3, 2, 2, spectral_radius=0.5, seed=0)
+    with pytest.raises(TypeError, match="ssm must be a LinearSSM"):
+        decay_report(SelectiveSSM.random(2), 10)
+    with pytest.raises(ValueError, match="length must be >= 3"):
+        decay_report(ssm, 2)
+    with pytest.raises(ValueError, match="start must satisfy 0 <= start <= length − 3 = 7"):
+        decay_report(ssm, 10, start=8)
+    with pytest.raises(ValueError, match=r"ssm must be stable with 0 < ρ\(A\) < 1"):
+        decay_report(LinearSSM(np.diag([1.0, 0.5]), np.eye(2), np.eye(2)), 10)
+    with pytest.raises(ValueError, match=r"ssm must be stable with 0 < ρ\(A\) < 1"):
+        decay_report(LinearSSM(np.zeros((2, 2)), np.eye(2), np.eye(2)), 10)
+
+
 def test_lti_profile_to_distance_1e5():
     model = LinearSSM.random(8, 4, 4, spectral_radius=0.9999, seed=0)
     profile = lag_norms(model, 100_000)
@@ -386,6 +431,106 @@ def test_prop_attention_highway_needed_score_is_logsumexp_plus_logit():
         assert needed_strength(model, n, i, j, eps, seed=n) == pytest.approx(predicted, rel=1e-9)
         # max <= lse <= max + ln m with m = i other keys: the gap needed grows with the position.
         assert scores.max() <= predicted - math.log((1 - eps) / eps) <= scores.max() + math.log(i) + 1e-12
+
+
+def bisected_score(model, n, i, j, eps, head, seed):
+    """The smallest planted score with α^h_ij >= 1 − ε, by bisection on lib's torch weights (50 halvings)."""
+    lo, hi = 1e-6, 200.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        X = planted_key_input(model, n, i, j, strength=mid, head=head, seed=seed)
+        lo, hi = (lo, mid) if model.weights(X)[head, i, j] >= 1 - eps else (mid, hi)
+    return hi
+
+
+def test_prop_attention_highway_key_price_is_the_bisected_score_with_bias_and_non_causal():
+    eps = 1e-3
+    params = SoftmaxAttention._random_projections(4, 4, 2, None, None, 5)
+    cases = [
+        (SoftmaxAttention.random(4, 4, heads=1, seed=3), 0, lambda n: (n - 1, n // 2 - 1)),
+        (SoftmaxAttention(*params.values(), position_bias=0.3 * np.random.default_rng(1).standard_normal((2, 200))),
+         1, lambda n: (n - 1, 1)),
+        (SoftmaxAttention(*params.values(), causal=False), 0, lambda n: (1, n - 1)),
+    ]
+    for model, head, positions in cases:
+        for n in (3, 17, 65):
+            i, j = positions(n)
+            X = planted_key_input(model, n, i, j, strength=1.0, head=head, seed=n)
+            price = key_price(model, X, i, j, eps, head=head)
+            assert price.score == pytest.approx(bisected_score(model, n, i, j, eps, head, n), rel=1e-9, abs=1e-9)
+            m = i if model.causal else n - 1  # other keys the query sees
+            logit = math.log((1 - eps) / eps)
+            assert logit - 1e-12 <= price.gap <= logit + math.log(m) + 1e-12
+
+
+def test_prop_attention_highway_key_price_gap_is_ln_m_when_the_other_scores_are_equal():
+    # The necessity half of (1): equal other scores need the full gap ln(m(1 − ε)/ε).
+    model = SoftmaxAttention.random(3, 3, heads=1, seed=2)
+    eps, n = 1e-2, 50
+    X = np.tile(np.random.default_rng(0).standard_normal(3), (n, 1))
+    price = key_price(model, X, n - 1, 10, eps)
+    assert price.gap == pytest.approx(math.log((n - 1) * (1 - eps) / eps), rel=1e-12)
+
+
+def test_key_price_bad_input():
+    model = SoftmaxAttention.random(3, 3, heads=2, seed=0)
+    X = np.zeros((6, 3))
+    with pytest.raises(TypeError, match="attention must be a SoftmaxAttention"):
+        key_price(LinearAttention.random(3, 3, seed=0), X, 5, 1, 0.1)
+    with pytest.raises(ValueError, match="eps must satisfy 0 < eps < 1"):
+        key_price(model, X, 5, 1, 1.0)
+    with pytest.raises(ValueError, match="j must differ from i"):
+        key_price(model, X, 5, 5, 0.1)
+    with pytest.raises(ValueError, match="j must be < i for causal attention"):
+        key_price(model, X, 2, 4, 0.1)
+    with pytest.raises(ValueError, match="head must satisfy 0 <= head < H = 2"):
+        key_price(model, X, 5, 1, 0.1, head=2)
+    with pytest.raises(ValueError, match=r"i must satisfy 0 <= i < n = 6"):
+        key_price(model, X, 6, 1, 0.1)
+
+
+def test_random_profiles_are_jacobian_norms_on_the_generators_draws():
+    model = MODELS["SelectiveSSM"]()
+    rng, replay = np.random.default_rng(5), np.random.default_rng(5)
+    profiles = random_profiles(model, 9, 3, rng)
+    expected = [autograd_block_norms(model, replay.standard_normal((9, 3)), 8)[::-1] for _ in range(3)]
+    np.testing.assert_allclose(profiles, expected, rtol=1e-10)
+    assert rng.standard_normal() == replay.standard_normal()  # advanced by exactly those draws
+    with pytest.raises(TypeError, match="rng must be a numpy Generator"):
+        random_profiles(model, 9, 3, 5)
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        random_profiles(model, 9, 0, rng)
+    with pytest.raises(TypeError, match="model must be a SequenceMap"):
+        random_profiles(np.eye(3), 9, 1, rng)
+
+
+def test_prop_attention_highway_planted_key_profile_on_a_layer_and_through_a_stack():
+    layer = SoftmaxAttention.random(4, 4, heads=2, seed=1)
+    n, distances = 24, [1, 5, 23]
+    norms = planted_key_profile(layer, n, distances, head=1, seed=7)
+    for D, value in zip(distances, norms):
+        X = planted_key_input(layer, n, n - 1, n - 1 - D, strength=30.0, head=1, seed=7 + D)
+        assert value == pytest.approx(autograd_block_norms(layer, X, n - 1)[n - 1 - D], rel=1e-10)
+    np.testing.assert_allclose(norms, np.linalg.norm(layer.values()[1]), rtol=1e-6)  # the highway
+    stack = Stack.hybrid(4, 3, 2, seed=0)
+    through = planted_key_profile(stack, n, distances, layer=stack.layers[0], strength=20.0, seed=3)
+    for D, value in zip(distances, through):
+        X = planted_key_input(stack.layers[0], n, n - 1, n - 1 - D, strength=20.0, seed=3 + D)
+        assert value == pytest.approx(autograd_block_norms(stack, X, n - 1)[n - 1 - D], rel=1e-10)
+
+
+def test_planted_key_profile_bad_input():
+    layer = SoftmaxAttention.random(4, 4, seed=0)
+    with pytest.raises(TypeError, match="layer must be a SoftmaxAttention or a LinearAttention"):
+        planted_key_profile(LinearSSM.random(2, 4, 4), 10, [1])
+    with pytest.raises(ValueError, match="distances entries must be >= 1"):
+        planted_key_profile(layer, 10, [0, 1])
+    with pytest.raises(ValueError, match=r"distances must hold at least one integer in \[1, n − 1 = 9\]"):
+        planted_key_profile(layer, 10, [10])
+    with pytest.raises(TypeError, match="distances must be a sequence of integers"):
+        planted_key_profile(layer, 10, 3)
+    with pytest.raises(ValueError, match="layer must take the model's input width d = 3"):
+        planted_key_profile(Dense.random(3, 4), 10, [1], layer=layer)
 
 
 def test_prop_attention_highway_needs_a_nonzero_value_map():
@@ -668,6 +813,43 @@ def test_cor_gate_closing_gives_full_reach_where_random_inputs_decay():
     assert random[40] < 1e-3 * random.max()  # the same layer on a random input: gone by D = 40
 
 
+def test_cor_gate_closing_profile_is_the_autograd_norm_on_each_gate_closing_input():
+    model = GATED["SSD 2 heads"]()
+    n, distances = 30, [0, 1, 7, 29]
+    norms = gate_closing_profile(model, n, distances, closing=12.0, seed=4)
+    for D, value in zip(distances, norms):
+        X = gate_closing_input(model, n, n - 1 - D, closing=12.0, seed=4)
+        assert value == pytest.approx(autograd_block_norms(model, X, n - 1)[n - 1 - D], rel=1e-10)
+    np.testing.assert_allclose(norms[1:], norms[1], rtol=1e-3)  # flat beyond D = 0
+    with pytest.raises(TypeError, match="model must be a SelectiveSSM or an SSD"):
+        gate_closing_profile(LinearSSM.random(2, 2, 2), 10, [1])
+    with pytest.raises(ValueError, match=r"distances must hold at least one integer in \[0, n − 1 = 9\]"):
+        gate_closing_profile(model, 10, [10])
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_cor_gate_closing_check_holds_and_fails_when_the_gates_stay_open(name, monkeypatch):
+    model = GATED[name]()
+    check = gate_closing_check(model, 16, closing=12.0)
+    assert 0 < check.ratio <= 1 and check.spread <= 1e-12
+    # The check can fail: gates closed only to μ = 2 while the bound is taken at μ = 12.
+    import lib.gradients as gradients
+
+    close = gradients.gate_closing_input
+    monkeypatch.setattr(gradients, "gate_closing_input",
+                        lambda m, n, j, closing, seed: close(m, n, j, closing=2.0, seed=seed))
+    assert gate_closing_check(model, 16, closing=12.0).ratio > 100
+
+
+def test_gate_closing_check_bad_input():
+    with pytest.raises(TypeError, match="model must be a SelectiveSSM or an SSD"):
+        gate_closing_check(LinearSSM.random(2, 2, 2), 10)
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        gate_closing_check(GATED["SelectiveSSM"](), 1)
+    with pytest.raises(ValueError, match="closing must be > 0"):
+        gate_closing_check(GATED["SelectiveSSM"](), 5, closing=-1.0)
+
+
 def test_gate_closing_input_validation():
     with pytest.raises(TypeError, match="model must be a SelectiveSSM or an SSD"):
         gate_closing_input(LinearSSM.random(2, 2, 2), 5, 1)
@@ -687,29 +869,61 @@ def test_gate_closing_input_validation():
 
 # -- prop-frozen-gate ------------------------------------------------------------------------------------
 
-def mamba_mode_response(delta, a, D, b=1.3, c=-0.4):
-    """Lag-D response of one mode Ā = e^{−Δa}, B̄ = Δb, C = c, read from lib's lags (doubling)."""
-    return lag_norms(LinearSSM([[np.exp(-delta * a)]], [[delta * b]], [[c]]), D + 1)[D]
+def closed_form_response(delta, a, D, B, C):
+    """|C B Δ e^{−ΔaD}|: the lag-D response of prop-frozen-gate written out (lib reads it from the lags)."""
+    return abs(C * B * delta * math.exp(-delta * a * D))
+
+
+@pytest.mark.parametrize("delta, a, D", [(1e-3, 0.7, 0), (0.1, 2.0, 50), (1.0, 0.01, 1000), (3.0, 5.0, 7)])
+def test_prop_frozen_gate_response_from_the_lags_is_the_closed_form(delta, a, D):
+    expected = closed_form_response(delta, a, D, 1.3, -0.4)
+    assert frozen_gate_response(delta, a, D, B=1.3, C=-0.4) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("D", [5, 50, 500])
 def test_prop_frozen_gate_best_response_with_a_rate_floor_is_one_over_e_a_min_D(D):
-    # (i): over Δ > 0 and a >= a_min the sup of |cbΔ e^{−ΔaD}| is |cb|/(e a_min D), at a = a_min, Δ = 1/(a_min D).
-    a_min, b, c = 0.7, 1.3, -0.4
-    best = abs(b * c) / (np.e * a_min * D)
-    assert mamba_mode_response(1 / (a_min * D), a_min, D) == pytest.approx(best, rel=1e-12)
-    grid = [mamba_mode_response(s, a, D) for s in np.geomspace(1e-6, 10.0, 301) for a in a_min * np.geomspace(1, 50, 9)]
-    assert max(grid) <= best * (1 + 1e-12)
-    assert max(grid) == pytest.approx(best, rel=1e-3)
+    # (1): over Δ > 0 and a >= a_min the sup of |CBΔ e^{−ΔaD}| is |CB|/(e a_min D), at a = a_min, Δ = 1/(a_min D).
+    a_min, B, C = 0.7, 1.3, -0.4
+    best = abs(B * C) / (np.e * a_min * D)
+    assert frozen_gate_response(1 / (a_min * D), a_min, D, B=B, C=C) == pytest.approx(best, rel=1e-12)
+    steps, rates = np.geomspace(1e-6, 10.0, 301), a_min * np.geomspace(1, 50, 9)
+    found = frozen_gate_search(D, steps, rates, B=B, C=C)
+    grid = [closed_form_response(s, a, D, B, C) for s in steps for a in rates]
+    assert found.response == pytest.approx(max(grid), rel=1e-12)
+    assert (found.step, found.rate) == (steps[np.argmax(grid) // 9], rates[np.argmax(grid) % 9])
+    assert found.response <= best * (1 + 1e-12)
+    assert found.response == pytest.approx(best, rel=1e-3)
+    exact = frozen_gate_search(D, [0.5 / (a_min * D), 1 / (a_min * D), 2 / (a_min * D)], [a_min, 2 * a_min], B=B, C=C)
+    assert exact.response == pytest.approx(best, rel=1e-12) and exact.rate == a_min
 
 
 @pytest.mark.parametrize("delta", [0.01, 0.1, 1.0])
 def test_prop_frozen_gate_learnable_rate_removes_the_one_over_D_price(delta):
-    # (ii): a = 1/(ΔD) gives |cb|Δ/e at every D, and smaller rates approach |cb|Δ: no 1/D.
-    b, c = 1.3, -0.4
+    # (2): a = 1/(ΔD) gives |CB|Δ/e at every D, and smaller rates approach |CB|Δ: no 1/D.
+    B, C = 1.3, -0.4
     for D in (10, 100, 1000):
-        assert mamba_mode_response(delta, 1 / (delta * D), D) == pytest.approx(abs(b * c) * delta / np.e, rel=1e-12)
-        assert mamba_mode_response(delta, 1e-9, D) == pytest.approx(abs(b * c) * delta, rel=1e-5)
+        assert frozen_gate_response(delta, 1 / (delta * D), D, B=B, C=C) == pytest.approx(abs(B * C) * delta / np.e,
+                                                                                          rel=1e-12)
+        assert frozen_gate_response(delta, 1e-9, D, B=B, C=C) == pytest.approx(abs(B * C) * delta, rel=1e-5)
+
+
+def test_frozen_gate_bad_input():
+    with pytest.raises(ValueError, match="step must be > 0"):
+        frozen_gate_response(0.0, 1.0, 3)
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        frozen_gate_response(0.1, -1.0, 3)
+    with pytest.raises(ValueError, match="D must be >= 0"):
+        frozen_gate_response(0.1, 1.0, -1)
+    with pytest.raises(TypeError, match="C must be a real number"):
+        frozen_gate_response(0.1, 1.0, 3, C="1")
+    with pytest.raises(ValueError, match="D must be >= 1"):
+        frozen_gate_search(0, [0.1], [1.0])
+    with pytest.raises(ValueError, match="steps must be a non-empty 1-d sequence"):
+        frozen_gate_search(3, [], [1.0])
+    with pytest.raises(ValueError, match="rates must hold finite numbers > 0"):
+        frozen_gate_search(3, [0.1], [1.0, -2.0])
+    with pytest.raises(ValueError, match="steps must be a non-empty 1-d sequence"):
+        frozen_gate_search(3, "0.1", [1.0])
 
 
 def test_constant_step_trades_reach_for_amplitude():

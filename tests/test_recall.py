@@ -6,7 +6,7 @@ import torch
 
 from lib import LinearSSM, SoftmaxAttention, Stack
 from lib.recall import (RecallAttention, RecallHybrid, RecallResult, RecallSSM, RecallTask, initial_gradient_norm,
-                        recall_model, recall_sweep, stable_ssm, train_recall)
+                        recall_model, recall_sweep, signal_sweep, stable_ssm, train_recall)
 
 
 def logits(model, X):
@@ -244,3 +244,27 @@ def test_initial_gradient_norm_is_deterministic_and_leaves_the_model_alone():
     before = [p.detach().clone() for p in model.parameters()]
     assert initial_gradient_norm(model, task, seed=2) == initial_gradient_norm(model, task, seed=2)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task():
+    signals = signal_sweep((1, 4), kinds=("ssm", "attention"), seeds=(0, 2), classes=3, samples=16)
+    assert [(s.kind, s.distance, s.seed) for s in signals] == [
+        (kind, D, seed) for kind in ("ssm", "attention") for D in (1, 4) for seed in (0, 2)]
+    for s in signals:
+        task = RecallTask(s.distance, classes=3, noise=0.0)
+        model = recall_model(s.kind, task, seed=s.seed)
+        assert s.gradient_norm == initial_gradient_norm(model, task, samples=16, seed=s.seed)
+    # the blank task: the class token is the only input, so an SSM's signal falls with D
+    ssm = {s.distance: s.gradient_norm for s in signals if s.kind == "ssm" and s.seed == 0}
+    assert ssm[4] < ssm[1]
+
+
+def test_signal_sweep_bad_input():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        signal_sweep((1,), kinds=("rnn",), seeds=(0,))
+    with pytest.raises(ValueError, match="distance must be >= 0"):
+        signal_sweep((-1,), seeds=(0,))
+    with pytest.raises(TypeError, match="seeds entries must be an integer"):
+        signal_sweep((1,), kinds=("ssm",), seeds=(0.5,))
+    with pytest.raises(ValueError, match="classes must be >= 2"):
+        signal_sweep((1,), seeds=(0,), classes=1)

@@ -278,3 +278,46 @@ def test_ssm_layer_kinds_and_the_hybrid_uses_them():
         Stack.hybrid(3, 4, 2, ssm="hippo")
     with pytest.raises(ValueError, match="kind must be one of"):
         ssm_layer("hippo", 2, 2, 0.5)
+
+
+def test_stack_lti_is_ssm_layers_on_spawned_seeds_plain_and_residual_alike():
+    seeds = np.random.SeedSequence([0, 3]).spawn(3)
+    plain = Stack.lti(3, 3, state_size=6, spectral_radius=0.8, ssm="s4d-lin", seed=[0, 3])
+    residual = Stack.lti(3, 3, state_size=6, spectral_radius=0.8, ssm="s4d-lin", residual=True, seed=[0, 3])
+    assert not plain.residual and residual.residual and len(plain.layers) == 3
+    for k, s in enumerate(seeds):
+        expected = ssm_layer("s4d-lin", 6, 3, 0.8, seed=s)
+        for layers in (plain.layers, residual.layers):
+            for name in ("A", "B", "C"):
+                np.testing.assert_array_equal(getattr(layers[k], name), getattr(expected, name))
+    assert not np.array_equal(plain.layers[0].B, plain.layers[1].B)  # one stream per layer
+    with pytest.raises(ValueError, match="ssm must be one of"):
+        Stack.lti(3, 2, ssm="hippo")
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        Stack.lti(3, 0)
+    with pytest.raises(ValueError, match="spectral_radius must be >= 0"):
+        Stack.lti(3, 2, spectral_radius=-0.5)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_prop_stack_decay_stack_scalar_has_lags_kappa_gamma_pow_and_attains_the_bound(residual):
+    gamma, n, constants = 0.7, 30, [1.0, 0.5, 2.0]
+    stack = Stack.scalar(constants, gamma, residual=residual)
+    for layer, K in zip(stack.layers, constants):
+        lags = [(layer.C @ np.linalg.matrix_power(layer.A, ell) @ layer.B).item() for ell in range(n)]
+        np.testing.assert_allclose(lags, K * gamma ** np.arange(n), rtol=1e-13)
+    profile = jacobian_norms(stack, np.ones((n, 1)), n - 1)[::-1]
+    np.testing.assert_allclose(profile, subset_bound(constants, gamma, n, 1, residual), rtol=1e-10)
+
+
+def test_stack_scalar_bad_input():
+    with pytest.raises(TypeError, match="constants must be a sequence"):
+        Stack.scalar(1.0, 0.5)
+    with pytest.raises(ValueError, match="constants must hold at least one"):
+        Stack.scalar([], 0.5)
+    with pytest.raises(ValueError, match="constants entries must be >= 0"):
+        Stack.scalar([1.0, -1.0], 0.5)
+    with pytest.raises(ValueError, match="rate must satisfy 0 <= rate < 1"):
+        Stack.scalar([1.0], 1.0)
+    with pytest.raises(TypeError, match="residual must be a bool"):
+        Stack.scalar([1.0], 0.5, residual=1)
