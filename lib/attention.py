@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ._validation import check_int, resolve_dtype
-from .base import SequenceMap, _view
+from .base import SequenceMap, _view, exposed
 from .factorized import factorized_operator
 
 
@@ -41,21 +41,10 @@ class _MultiHead(SequenceMap):
         return {name: rng.standard_normal((heads, rows, cols)) / np.sqrt(fan_in)
                 for name, (rows, cols, fan_in) in shapes.items()}
 
-    @property
-    def W_Q(self) -> np.ndarray:
-        return _view(self._W_Q)
-
-    @property
-    def W_K(self) -> np.ndarray:
-        return _view(self._W_K)
-
-    @property
-    def W_V(self) -> np.ndarray:
-        return _view(self._W_V)
-
-    @property
-    def W_O(self) -> np.ndarray:
-        return _view(self._W_O)
+    W_Q = exposed("W_Q")
+    W_K = exposed("W_K")
+    W_V = exposed("W_V")
+    W_O = exposed("W_O")
 
     def values(self) -> np.ndarray:
         """The shared value maps V_h = W_O^h W_V^h, shape (H, p, d)."""

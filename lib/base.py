@@ -86,6 +86,11 @@ class SequenceMap(torch.nn.Module):
         return {"d": self.d, "p": self.p}
 
 
+def exposed(name: str, doc: str = "") -> property:
+    """A read-only property: the parameter ``_<name>`` as a numpy view (`_view`)."""
+    return property(lambda self: _view(getattr(self, f"_{name}")), doc=doc)
+
+
 def _view(tensor: torch.Tensor) -> np.ndarray:
     """A read-only numpy view of a parameter (no copy; writing to it raises)."""
     array = tensor.detach().cpu().numpy()

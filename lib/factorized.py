@@ -19,7 +19,7 @@ import torch
 
 from ._convolution import fft_causal_conv
 from ._validation import check_int, check_real, resolve_dtype
-from .base import SequenceMap, _view
+from .base import SequenceMap, _view, exposed
 from .operators import _toeplitz
 
 __all__ = ["RelativeHeads", "factorized_operator"]
@@ -69,14 +69,8 @@ class RelativeHeads(SequenceMap):
         V = rng.standard_normal((H, p, d)) / np.sqrt(d)
         return cls(V, scale * rng.standard_normal((H, n_max)) * decay ** np.arange(n_max), dtype=dtype)
 
-    @property
-    def V(self) -> np.ndarray:
-        return _view(self._V)
-
-    @property
-    def coefficients(self) -> np.ndarray:
-        """c, shape (H, n_max)."""
-        return _view(self._coefficients)
+    V = exposed("V")
+    coefficients = exposed("coefficients", "c, shape (H, n_max).")
 
     def values(self) -> np.ndarray:
         """V_h, shape (H, p, d) (the factorized-class interface)."""

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._validation import as_real_tensor, check_int, check_real, check_shape, resolve_dtype, to_output
-from .base import SequenceMap, _view
+from .base import SequenceMap, _view, exposed
 from .operators import _block_diagonal, _toeplitz
 
 
@@ -37,9 +37,7 @@ class Dense(SequenceMap):
         d, p = check_int(d, "d"), check_int(p, "p")
         return cls(np.random.default_rng(seed).standard_normal((p, d)) / np.sqrt(d), dtype=dtype)
 
-    @property
-    def W(self) -> np.ndarray:
-        return _view(self._W)
+    W = exposed("W")
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         return X @ self._W.T
@@ -70,13 +68,8 @@ class FeedForward(SequenceMap):
         W1 = rng.standard_normal((m, d)) / np.sqrt(d)
         return cls(W1, rng.standard_normal((p, m)) * np.sqrt(2.0 / m), dtype=dtype)
 
-    @property
-    def W1(self) -> np.ndarray:
-        return _view(self._W1)
-
-    @property
-    def W2(self) -> np.ndarray:
-        return _view(self._W2)
+    W1 = exposed("W1")
+    W2 = exposed("W2")
 
     def activation_pattern(self, X: Any) -> torch.Tensor | np.ndarray:
         """The diagonals of Π(x_i), 1[W1 x_i > 0], shape (n, m) or (b, n, m)."""
@@ -117,10 +110,7 @@ class CausalConv1d(SequenceMap):
         d, p, r = check_int(d, "d"), check_int(p, "p"), check_int(r, "r")
         return cls(np.random.default_rng(seed).standard_normal((r, p, d)) / np.sqrt(r * d), dtype=dtype)
 
-    @property
-    def kernel(self) -> np.ndarray:
-        """Taps K_0..K_{r−1}, shape (r, p, d)."""
-        return _view(self._K)
+    kernel = exposed("K", "Taps K_0..K_{r−1}, shape (r, p, d).")
 
     def _forward(self, X: torch.Tensor) -> torch.Tensor:
         signal = F.pad(X.transpose(1, 2), (self.r - 1, 0))
@@ -189,13 +179,8 @@ class KANLayer(SequenceMap):
         return cls(w, rng.standard_normal((p, d, grid_size + 3)) / np.sqrt(d), grid_range=grid_range,
                    dtype=dtype)
 
-    @property
-    def silu_weights(self) -> np.ndarray:
-        return _view(self._silu_weights)
-
-    @property
-    def spline_coefficients(self) -> np.ndarray:
-        return _view(self._spline_coefficients)
+    silu_weights = exposed("silu_weights")
+    spline_coefficients = exposed("spline_coefficients")
 
     def edge_functions(self, u: Any) -> torch.Tensor | np.ndarray:
         """φ_qq'(u_s) at [s, q, q'] for points u of shape (k,); shape (k, p, d)."""

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ._validation import check_int, check_real, resolve_dtype
-from .base import SequenceMap, _view
+from .base import SequenceMap, _view, exposed
 
 
 def _tanh_secant(z: torch.Tensor) -> torch.Tensor:
@@ -47,17 +47,9 @@ class ElmanRNN(SequenceMap):
         U = rng.standard_normal((N, d)) / np.sqrt(d)
         return cls(W, U, rng.standard_normal((p, N)) / np.sqrt(N), dtype=dtype)
 
-    @property
-    def W(self) -> np.ndarray:
-        return _view(self._W)
-
-    @property
-    def U(self) -> np.ndarray:
-        return _view(self._U)
-
-    @property
-    def C(self) -> np.ndarray:
-        return _view(self._C)
+    W = exposed("W")
+    U = exposed("U")
+    C = exposed("C")
 
     def _pre_activations(self, X: torch.Tensor) -> torch.Tensor:
         # z_i = W s_{i−1} + U x_i for every i: (b, n, N).
