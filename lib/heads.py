@@ -31,6 +31,31 @@ def _check_ssm(ssm: Any) -> LinearSSM:
     return ssm
 
 
+def _check_lti(ssm: Any) -> SequenceMap:
+    # An LTI sequence map with lags L_ℓ, `_lags(n)` of shape (n, p, d): LinearSSM, DiagonalSSM, SharedStateSSM.
+    if not (isinstance(ssm, SequenceMap) and getattr(ssm, "time_invariant", False)):
+        raise TypeError("ssm must be an LTI sequence map with lags (LinearSSM, DiagonalSSM, SharedStateSSM); "
+                        f"got {type(ssm).__name__}")
+    return ssm
+
+
+def _covariance_root(covariance: Any, d: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    # Σ^{1/2} and Σ^{+1/2} (d, d) of a checked covariance (eigenvalues <= 1e-12 λ_max count as 0); None: (None, None).
+    if covariance is None:
+        return None, None
+    Sigma = _as_float64(covariance, "covariance", ("d", "d"), {"d": d})
+    scale, asymmetry = float(np.abs(Sigma).max()), float(np.abs(Sigma - Sigma.T).max())
+    if asymmetry > 1e-10 * scale:
+        raise ValueError(f"covariance must be symmetric; got max |Σ − Σᵀ| = {asymmetry:.2e} (max |Σ| = {scale:.2e})")
+    lam, U = np.linalg.eigh((Sigma + Sigma.T) / 2)
+    if lam[0] < -1e-10 * max(lam[-1], 0.0):
+        raise ValueError(f"covariance must be positive semi-definite; got the eigenvalue {lam[0]:.3e} "
+                         f"(largest {lam[-1]:.3e})")
+    keep = lam > 1e-12 * lam[-1]
+    U, root = U[:, keep], np.sqrt(lam[keep])
+    return (U * root) @ U.T, (U / root) @ U.T
+
+
 def _in_unit_interval(value: Any, name: str) -> float:
     value = check_real(value, name)
     if not 0 < value < 1:
@@ -49,23 +74,30 @@ def _weigh(M: np.ndarray) -> np.ndarray:
 def _lag_matrix(ssm: LinearSSM, n: int, weighted: bool = False) -> np.ndarray:
     M = ssm._lags(n).detach().cpu().to(torch.float64).numpy().reshape(n, ssm.p * ssm.d)
     if not np.isfinite(M).all():
-        raise ValueError(f"ssm lags C A^l B overflow for n = {n} (spectral radius {ssm.spectral_radius:.3g})")
+        radius = getattr(ssm, "spectral_radius", float("nan"))
+        raise ValueError(f"ssm lags C A^l B overflow for n = {n} (spectral radius {radius:.3g})")
     return _weigh(M) if weighted else M
 
 
-def _lag_span(ssm: LinearSSM, n: int, rtol: float = 1e-10, weighted: bool = False) -> tuple[np.ndarray, OperatorSpan]:
+def _lag_span(ssm: LinearSSM, n: int, rtol: float = 1e-10, weighted: bool = False,
+              root: np.ndarray | None = None) -> tuple[np.ndarray, OperatorSpan]:
     # M and the span of its rows (weighted: of G's), from the R of a QR when n > pd (same σ and basis).
     M = _lag_matrix(ssm, n)
+    if root is not None:                   # L_ℓ Σ^{1/2}: the lags seen by tokens of covariance Σ
+        M = (M.reshape(n, ssm.p, ssm.d) @ root).reshape(n, ssm.p * ssm.d)
     rows = _weigh(M) if weighted else M
     if n > rows.shape[1]:
         rows = np.linalg.qr(rows, mode="r")
     return M, _span(rows, ssm.p, ssm.d, rtol)
 
 
-def _relative_heads(ssm: LinearSSM, M: np.ndarray, span: OperatorSpan, H: int) -> RelativeHeads:
+def _relative_heads(ssm: LinearSSM, M: np.ndarray, span: OperatorSpan, H: int,
+                    pinv_root: np.ndarray | None = None) -> RelativeHeads:
     # Values: the first H basis elements of the span; coefficients c[h, ℓ] = ⟨L_ℓ, V_h⟩_F.
     V = span.basis[:H]
-    return RelativeHeads(V, (M @ V.reshape(H, ssm.p * ssm.d).T).T, dtype=ssm.dtype)
+    coefficients = (M @ V.reshape(H, ssm.p * ssm.d).T).T
+    # With M holding L_ℓ Σ^{1/2}: V_h = W_h Σ^{+1/2}, so V_h Σ^{1/2} = W_h (prop-covariance-head-count).
+    return RelativeHeads(V if pinv_root is None else V @ pinv_root, coefficients, dtype=ssm.dtype)
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
@@ -80,7 +112,7 @@ def lag_matrix(ssm: LinearSSM, n: int, weighted: bool = False) -> np.ndarray:
     Weighted, row ℓ is multiplied by √(n − ℓ): the matrix G of {prf:ref}`thm-approx-head-count`,
     whose Gram matrix GᵀG is that of all blocks 𝒲_ij, j ≤ i.  ValueError if the lags overflow.
     """
-    ssm, n = _check_ssm(ssm), check_int(n, "n")
+    ssm, n = _check_lti(ssm), check_int(n, "n")
     if not isinstance(weighted, bool):
         raise TypeError(f"weighted must be a bool; got {type(weighted).__name__}")
     return _lag_matrix(ssm, n, weighted)
@@ -92,7 +124,7 @@ def min_heads(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> int:
     {prf:ref}`thm-head-count` on length n: the numerical rank of M, rank rule of
     `operator_span` with 0 < rtol < 1 (0 if every lag vanishes).
     """
-    ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
+    ssm, n, rtol = _check_lti(ssm), check_int(n, "n"), check_rtol(rtol)
     return _lag_span(ssm, n, rtol)[1].dim
 
 
@@ -103,7 +135,7 @@ def heads_from_ssm(ssm: LinearSSM, n: int, rtol: float = 1e-10) -> RelativeHeads
     c[h, ℓ] = ⟨L_ℓ, V_h⟩_F, so Σ_h c[h, i−j] V_h = C A^{i−j} B up to the singular values
     dropped by `rtol` (as in `min_heads`).  V: (k, p, d), c: (k, n); k = 0 gives the zero model.
     """
-    ssm, n, rtol = _check_ssm(ssm), check_int(n, "n"), check_rtol(rtol)
+    ssm, n, rtol = _check_lti(ssm), check_int(n, "n"), check_rtol(rtol)
     M, span = _lag_span(ssm, n, rtol)
     return _relative_heads(ssm, M, span, span.dim)
 
@@ -178,36 +210,44 @@ def _modal_dimension(ssm: LinearSSM, n: int, rtol: float, separation: float = 1e
 # -- the least error of H heads (thm-approx-head-count) ----------------------------------------
 
 
-def optimal_head_errors(ssm: LinearSSM, n: int, H_max: int) -> np.ndarray:
+def optimal_head_errors(ssm: LinearSSM, n: int, H_max: int, *, covariance: Any = None) -> np.ndarray:
     """Σ_{q>H} σ_q(G)², H = 0..H_max: the least Σ_i E‖y_i − ŷ_i‖² of H heads, shape (H_max + 1,).
 
     {prf:ref}`thm-approx-head-count`: tokens with E[x_j x_j'ᵀ] = δ_jj' I, H heads with
     input-independent coefficients; attained by `truncated_heads`.  Entry 0 is ‖G‖²_F, the
     error of the zero model; entries H ≥ k are 0 up to rounding.
+    With covariance Σ (d, d), symmetric positive semi-definite: tokens with
+    E[x_j x_j'ᵀ] = δ_jj' Σ and G_Σ, rows √(n−ℓ) vec(L_ℓ Σ^{1/2}) ({prf:ref}`prop-covariance-head-count`).
     """
-    ssm, n, H_max = _check_ssm(ssm), check_int(n, "n"), check_int(H_max, "H_max", minimum=0)
-    return _tails(_lag_span(ssm, n, weighted=True)[1].singular_values ** 2, H_max)
+    ssm, n, H_max = _check_lti(ssm), check_int(n, "n"), check_int(H_max, "H_max", minimum=0)
+    root, _ = _covariance_root(covariance, ssm.d)
+    return _tails(_lag_span(ssm, n, weighted=True, root=root)[1].singular_values ** 2, H_max)
 
 
-def truncated_heads(ssm: LinearSSM, n: int, H: int) -> RelativeHeads:
+def truncated_heads(ssm: LinearSSM, n: int, H: int, *, covariance: Any = None) -> RelativeHeads:
     """The H-head RelativeHeads attaining `optimal_head_errors(ssm, n, H)[H]` ({prf:ref}`thm-approx-head-count`).
 
     V_h: the first H right singular vectors of G; c[h, ℓ] = ⟨L_ℓ, V_h⟩_F (Eckart–Young on G,
     row weights divided out).  Deviation: only min(H, rank G) heads are built (rank rule of
     `operator_span`, rtol = 1e-10); further heads would have zero coefficients.
+    With covariance Σ: W_h from G_Σ, V_h = W_h Σ^{+1/2} and c[h, ℓ] = ⟨L_ℓ Σ^{1/2}, W_h⟩_F
+    ({prf:ref}`prop-covariance-head-count`; eigenvalues of Σ below 1e-12 λ_max count as 0).
     """
-    ssm, n, H = _check_ssm(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
-    M, span = _lag_span(ssm, n, weighted=True)
-    return _relative_heads(ssm, M, span, min(H, span.dim))
+    ssm, n, H = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
+    root, pinv_root = _covariance_root(covariance, ssm.d)
+    M, span = _lag_span(ssm, n, weighted=True, root=root)
+    return _relative_heads(ssm, M, span, min(H, span.dim), pinv_root)
 
 
-def heads_needed(ssm: LinearSSM, n: int, eps: float) -> int:
+def heads_needed(ssm: LinearSSM, n: int, eps: float, *, covariance: Any = None) -> int:
     """The least H with Σ_{q>H} σ_q(G)² ≤ eps ‖G‖²_F ({prf:ref}`thm-approx-head-count`); 0 if all lags vanish.
 
     eps, 0 < eps < 1, is a relative squared error: eps = 10⁻² is a 10 % relative error.
+    With covariance Σ, the count of G_Σ (as in `optimal_head_errors`).
     """
-    ssm, n, eps = _check_ssm(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
-    sigma = _lag_span(ssm, n, weighted=True)[1].singular_values
+    ssm, n, eps = _check_lti(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
+    root, _ = _covariance_root(covariance, ssm.d)
+    sigma = _lag_span(ssm, n, weighted=True, root=root)[1].singular_values
     errors = _tails(sigma ** 2, len(sigma))
     return int(np.argmax(errors <= eps * errors[0]))
 
@@ -218,33 +258,47 @@ def lag_energy_count(ssm: LinearSSM, n: int, eps: float) -> int:
     The bound heads_needed ≤ L_ε of {prf:ref}`prop-heads-needed-lag-bound`, from the lag
     norms alone; 0 if every lag vanishes.
     """
-    ssm, n, eps = _check_ssm(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
+    ssm, n, eps = _check_lti(ssm), check_int(n, "n"), _in_unit_interval(eps, "eps")
     tails = _tails((_lag_matrix(ssm, n, weighted=True) ** 2).sum(axis=1), n)
     return int(np.argmax(tails <= eps * tails[0]))
 
 
 def _kernel(model: Any, n: int, name: str) -> np.ndarray:
     # The lags (n, p, d) of an input-independent causal convolution, float64.
-    if isinstance(model, LinearSSM):
+    if isinstance(model, SequenceMap) and getattr(model, "time_invariant", False):
         return _lag_matrix(model, n).reshape(n, model.p, model.d)
     if isinstance(model, RelativeHeads):
         if model.max_length < n:
             raise ValueError(f"{name} accepts sequences of length <= {model.max_length}; got n = {n}")
         return np.einsum("hl,hpd->lpd", model.coefficients[:, :n].astype(np.float64), model.V.astype(np.float64))
-    raise TypeError(f"{name} must be a LinearSSM or RelativeHeads; got {type(model).__name__}")
+    raise TypeError(f"{name} must be an LTI map (LinearSSM, DiagonalSSM, SharedStateSSM) or RelativeHeads; "
+                    f"got {type(model).__name__}")
 
 
-def population_error(teacher: LinearSSM | RelativeHeads, student: LinearSSM | RelativeHeads, n: int) -> float:
+def population_error(teacher: LinearSSM | RelativeHeads, student: LinearSSM | RelativeHeads, n: int, *,
+                     covariance: Any = None, mean: Any = None) -> float:
     """Σ_i E‖y_i − ŷ_i‖² = Σ_ℓ (n−ℓ)‖K_ℓ − K̂_ℓ‖²_F for iid N(0, I_d) tokens, in closed form.
 
     The objective of {prf:ref}`thm-approx-head-count` between two causal convolutions
     (LinearSSM or RelativeHeads with lags K_ℓ, K̂_ℓ and equal (p, d)) on length n.
+    With covariance Σ and mean μ: tokens iid over positions with these moments, and the error
+    Σ_ℓ (n−ℓ) tr(E_ℓ Σ E_ℓᵀ) + Σ_i ‖Σ_{ℓ≤i} E_ℓ μ‖², E_ℓ = K_ℓ − K̂_ℓ ({prf:ref}`prop-covariance-head-count`).
     """
     n = check_int(n, "n")
     K, K_hat = _kernel(teacher, n, "teacher"), _kernel(student, n, "student")
     if K.shape != K_hat.shape:
         raise ValueError(f"student must have (p, d) = {K.shape[1:]} like the teacher; got {K_hat.shape[1:]}")
-    return float(np.arange(n, 0, -1, dtype=np.float64) @ ((K - K_hat) ** 2).sum(axis=(1, 2)))
+    E, weights = K - K_hat, np.arange(n, 0, -1, dtype=np.float64)
+    if covariance is None:
+        error = float(weights @ (E ** 2).sum(axis=(1, 2)))
+    else:
+        _covariance_root(covariance, E.shape[2])                     # checks Σ; the error uses Σ itself
+        Sigma = _as_float64(covariance, "covariance", ("d", "d"), {"d": E.shape[2]})
+        error = float(weights @ np.einsum("lpd,de,lpe->l", E, Sigma, E))
+    if mean is not None:
+        mu = _as_float64(mean, "mean", ("d",), {"d": E.shape[2]})
+        error += float((np.cumsum(E @ mu, axis=0) ** 2).sum())
+    return error
 
 
 @dataclass(frozen=True)

@@ -320,6 +320,140 @@ def test_thm_approx_head_count_zero_exactly_from_k_heads():
     assert truncated_heads(ssm, n, 6).H == k     # extra heads are not materialised
 
 
+# -- prop-covariance-head-count -----------------------------------------------------------------
+
+
+def weighted_blocks_np(ssm, n, S):
+    """Rows vec(𝒲_ij S) for all 0 ≤ j ≤ i < n, with any factor S (d × r) of Σ = S Sᵀ."""
+    L = lags_np(ssm, n)
+    return np.stack([(L[i - j] @ S).ravel() for i in range(n) for j in range(i + 1)])
+
+
+def covariance_case(seed, d, r):
+    """A random Σ = S Sᵀ of rank min(r, d) with a non-symmetric factor S (d × r)."""
+    S = np.random.default_rng(seed).standard_normal((d, r))
+    return S @ S.T, S
+
+
+@pytest.mark.parametrize("N, d, p, n, r", [(4, 3, 2, 8, 2), (5, 3, 2, 7, 3), (3, 2, 3, 9, 1), (4, 3, 2, 6, 5)])
+def test_prop_covariance_head_count_matches_dense_least_squares_with_any_factor(N, d, p, n, r):
+    # Eckart–Young on every block times a factor S of Σ (not Σ^{1/2}), ALS on the same rows, and the error
+    # of the constructed model computed block by block from Σ itself: three routes to the closed form.
+    ssm = LinearSSM.random(N, d, p, spectral_radius=0.9, seed=N + n + r)
+    Sigma, S = covariance_case(n + r, d, r)
+    rows = weighted_blocks_np(ssm, n, S)
+    sigma = np.linalg.svd(rows, compute_uv=False)
+    errors = optimal_head_errors(ssm, n, p * d, covariance=Sigma)
+    W = operator_np(ssm, n)
+    for H in range(p * d + 1):
+        floor = 1e-12 * errors[0]
+        assert errors[H] == pytest.approx((sigma[H:] ** 2).sum(), rel=1e-9, abs=floor)
+        assert errors[H] == pytest.approx(best_subspace_error_als(rows, H), rel=1e-6, abs=1e-10 * errors[0])
+        model = truncated_heads(ssm, n, H, covariance=Sigma)
+        E = W - model.operator(np.zeros((n, d)))
+        explicit = sum(np.trace(E[i, j] @ Sigma @ E[i, j].T) for i in range(n) for j in range(i + 1))
+        assert explicit == pytest.approx(errors[H], rel=1e-9, abs=floor)
+        assert population_error(ssm, model, n, covariance=Sigma) == pytest.approx(errors[H], rel=1e-9, abs=floor)
+    # Zero exactly from rank G_Σ = rank of the rows on; rank G_Σ <= min(p r, k).
+    rank = rank_np(rows)
+    assert rank <= min(p * min(r, d), min_heads(ssm, n))
+    assert np.all(errors[:rank] > 1e-8 * errors[0]) and np.all(errors[rank:] <= 1e-20 * errors[0])
+
+
+def test_prop_covariance_head_count_optimiser_stops_at_the_closed_form():
+    # L-BFGS over all input-independent H-head models (dense operator, no SVD) on the blocks 𝒲_ij S:
+    # the SSM (A, BS, C) has exactly those blocks.  It never goes below the closed form and reaches it.
+    ssm, n = LinearSSM.random(4, 3, 2, spectral_radius=0.85, seed=21), 9
+    Sigma, S = covariance_case(5, 3, 2)
+    closed = optimal_head_errors(ssm, n, 4, covariance=Sigma)
+    seen = LinearSSM(ssm.A, ssm.B @ S, ssm.C)
+    for H in range(4):
+        fit = fit_heads(seen, n, H, restarts=2, seed=H)
+        assert fit.error >= closed[H] * (1 - 1e-12)
+        assert fit.error == pytest.approx(closed[H], rel=1e-9)
+
+
+def test_prop_covariance_head_count_identity_and_scaling():
+    ssm, n = LinearSSM.random(5, 3, 2, seed=2), 11
+    base = optimal_head_errors(ssm, n, 6)
+    np.testing.assert_allclose(optimal_head_errors(ssm, n, 6, covariance=np.eye(3)), base, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(optimal_head_errors(ssm, n, 6, covariance=4.0 * np.eye(3)), 4 * base, rtol=1e-10,
+                               atol=1e-14)
+    assert heads_needed(ssm, n, 1e-3, covariance=np.eye(3)) == heads_needed(ssm, n, 1e-3)
+    # A covariance that weights one input direction changes which heads are best, and never helps the
+    # white-token truncation: it is scored at or above the optimum under Σ.
+    Sigma = np.diag([100.0, 1.0, 0.01])
+    closed = optimal_head_errors(ssm, n, 6, covariance=Sigma)
+    white = [population_error(ssm, truncated_heads(ssm, n, H), n, covariance=Sigma) for H in range(6)]
+    assert all(w >= c * (1 - 1e-12) for w, c in zip(white, closed))
+    assert max(w / c for w, c in zip(white[1:5], closed[1:5])) > 1.5
+
+
+def test_prop_covariance_head_count_singular_sigma_values_vanish_on_its_null_space():
+    # V_h = W_h Σ^{+1/2}: every value map is zero on null(Σ), so it acts on range(Σ) only.
+    ssm, n = LinearSSM.random(5, 3, 2, seed=4), 10
+    Sigma, _ = covariance_case(8, 3, 2)
+    null = np.linalg.svd(Sigma)[2][-1]
+    model = truncated_heads(ssm, n, 6, covariance=Sigma)
+    assert model.H == 4                                            # rank G_Σ <= p r = 4 < p d
+    np.testing.assert_allclose(model.V @ null, 0.0, atol=1e-12)
+    # ... and the truncation equals the SSM on inputs in range(Σ), not on the null direction.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((4, n, 2)) @ np.linalg.svd(Sigma)[2][:2]
+    assert relative_error(model(X), ssm(X)) < 1e-10
+    Z = np.zeros((1, n, 3))
+    Z[0, 0] = null
+    assert relative_error(model(Z), ssm(Z)) > 0.5
+
+
+@pytest.mark.parametrize("law", ["gaussian", "exponential"])
+def test_prop_covariance_head_count_monte_carlo_with_a_mean(law):
+    # Tokens μ + S z, z iid with mean 0 and variance 1 (Gaussian, or centred exponential: skewed).  The plain
+    # truncation (no bias) has error Σ_{q>H} σ_q² + Σ_i ‖Σ_{ℓ≤i} E_ℓ μ‖² (population_error with the mean), within
+    # 4 standard errors; the closed form alone is below it whenever E_ℓ μ ≠ 0.
+    ssm, n = LinearSSM.random(4, 3, 2, spectral_radius=0.8, seed=31), 8
+    Sigma, S = covariance_case(12, 3, 3)
+    mu = np.array([1.5, -2.0, 0.5])
+    rng = np.random.default_rng(7)
+    z = rng.standard_normal((40_000, n, 3)) if law == "gaussian" else rng.exponential(size=(40_000, n, 3)) - 1.0
+    X = mu + z @ S.T
+    Y = ssm(X)
+    closed = optimal_head_errors(ssm, n, 6, covariance=Sigma)
+    for H in (1, 2, 3):
+        model = truncated_heads(ssm, n, H, covariance=Sigma)
+        e = ((Y - model(X)) ** 2).sum(axis=(1, 2))
+        predicted = population_error(ssm, model, n, covariance=Sigma, mean=mu)
+        assert abs(e.mean() - predicted) < 4 * e.std(ddof=1) / np.sqrt(len(e))
+        assert predicted > closed[H] * (1 + 1e-3)
+        # The mean term by hand: Σ_i ‖Σ_{ℓ≤i} E_ℓ μ‖².
+        E = lags_np(ssm, n) - np.einsum("hl,hpd->lpd", model.coefficients, model.V)
+        assert predicted - closed[H] == pytest.approx((np.cumsum(E @ mu, axis=0) ** 2).sum(), rel=1e-8)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: optimal_head_errors(SSM, 5, 2, covariance=np.eye(3)), ValueError, r"covariance must have shape \(d, d\)"),
+    (lambda: optimal_head_errors(SSM, 5, 2, covariance=np.array([[1.0, 0.5], [0.0, 1.0]])), ValueError,
+     "covariance must be symmetric"),
+    (lambda: optimal_head_errors(SSM, 5, 2, covariance=np.diag([1.0, -0.1])), ValueError,
+     "covariance must be positive semi-definite"),
+    (lambda: truncated_heads(SSM, 5, 2, covariance=np.full((2, 2), np.nan)), ValueError, "covariance must be finite"),
+    (lambda: heads_needed(SSM, 5, 0.1, covariance="I"), TypeError, "covariance must be a numpy array"),
+    (lambda: truncated_heads(SSM, 5, 2, covariance=np.eye(2, dtype=int)), TypeError, "covariance must have a real"),
+    (lambda: population_error(SSM, SSM, 5, covariance=-np.eye(2)), ValueError, "positive semi-definite"),
+    (lambda: population_error(SSM, SSM, 5, mean=np.ones(3)), ValueError, r"mean must have shape"),
+])
+def test_covariance_arguments_are_checked(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_covariance_none_keeps_the_old_behaviour_bit_for_bit():
+    ssm, n = LinearSSM.random(4, 2, 2, seed=9), 12
+    model = truncated_heads(ssm, n, 2)
+    assert population_error(ssm, model, n) == population_error(ssm, model, n, covariance=None, mean=None)
+    np.testing.assert_array_equal(optimal_head_errors(ssm, n, 3), optimal_head_errors(ssm, n, 3, covariance=None))
+
+
 @pytest.mark.parametrize("eps", [1e-1, 1e-3, 1e-6])
 def test_heads_needed_is_least_head_count_within_tolerance(eps):
     ssm, n = LinearSSM.random(6, 2, 2, spectral_radius=0.9, seed=3), 20
@@ -931,8 +1065,8 @@ SSM = LinearSSM.random(3, 2, 2, seed=0)
     (lambda: min_heads(SSM, 5, rtol=0.0), ValueError, "rtol"),
     (lambda: min_heads(SSM, 5, rtol=1.0), ValueError, "rtol"),
     (lambda: heads_from_ssm(SSM, 5, rtol=-1e-3), ValueError, "rtol"),
-    (lambda: min_heads(np.eye(2), 5), TypeError, "ssm must be a LinearSSM"),
-    (lambda: heads_from_ssm(RelativeHeads.random(1, 4, 2, 2), 4), TypeError, "ssm must be a LinearSSM"),
+    (lambda: min_heads(np.eye(2), 5), TypeError, "ssm must be an LTI sequence map"),
+    (lambda: heads_from_ssm(RelativeHeads.random(1, 4, 2, 2), 4), TypeError, "ssm must be an LTI sequence map"),
     (lambda: optimal_head_errors(SSM, 5, -1), ValueError, "H_max must be >= 0"),
     (lambda: optimal_head_errors(SSM, 5, 1.0), TypeError, "H_max must be an integer"),
     (lambda: truncated_heads(SSM, 5, -2), ValueError, "H must be >= 0"),
