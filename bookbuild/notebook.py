@@ -154,10 +154,13 @@ class NotebookRun:
     def glue(self, key: str, value) -> None:
         """Glue ``value`` under ``key`` for the prose: ``{glue:text}`nb.ipynb::key:fmt```.
 
-        Returns None so that a glue on a cell's last line adds nothing to the page.
+        Returns None so that a glue on a cell's last line adds nothing to the page. A numpy
+        scalar is glued as the Python number it holds (its repr would not format).
         """
         from myst_nb import glue as myst_glue
 
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            value = value.item()
         self.glued[key] = value
         myst_glue(key, value, display=False)
 

@@ -36,6 +36,12 @@ from .stacks import Stack, ssm_layer
 from .training import (FactorizedStudent, SoftmaxStudent, TrainResult, fit, held_out_error, train, train_factorized,
                        train_students)
 from .zoo import Architecture, architecture_zoo
+from .ssm import DiagonalSSM, SharedStateSSM
+from .digits import (CentredHeads, DigitSequences, InputMoments, LagSpanDimension, SequenceClassifier,
+                     accuracy, accuracy_knee, as_float64, classifier, exact_lag_span_dimension,
+                     generic_lag_span_dimension, input_moments, load_digit_sequences, logistic_baseline, logits,
+                     mean_path, train_classifier, truncation_errors, truncation_sweep, truncations,
+                     wilson_interval, accuracy_report, lag_span_report, head_counts, truncation_error_samples)
 
 API = {
     "The unified form": [
@@ -72,6 +78,13 @@ API = {
     "The recall task": [
         "RecallTask", "recall_model", "stable_ssm", "train_recall", "RecallResult", "initial_gradient_norm",
         "RecallSignal", "signal_sweep", "recall_sweep"],
+    "Trained SSMs": [
+        "DiagonalSSM", "SharedStateSSM", "DigitSequences", "load_digit_sequences", "logistic_baseline",
+        "wilson_interval", "SequenceClassifier", "classifier", "train_classifier", "logits", "accuracy",
+        "as_float64", "LagSpanDimension", "generic_lag_span_dimension", "exact_lag_span_dimension",
+        "InputMoments", "input_moments", "CentredHeads", "mean_path", "truncations", "truncation_errors",
+        "truncation_sweep", "accuracy_knee", "accuracy_report", "lag_span_report", "head_counts",
+        "truncation_error_samples"],
 }
 
 __all__ = [name for names in API.values() for name in names]
