@@ -21,7 +21,6 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from pathlib import Path
 
 import nbformat
 

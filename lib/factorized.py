@@ -19,7 +19,7 @@ import torch
 
 from ._convolution import fft_causal_conv
 from ._validation import check_int, check_real, resolve_dtype
-from .base import SequenceMap, _view, exposed
+from .base import SequenceMap, exposed
 from .operators import _toeplitz
 
 __all__ = ["RelativeHeads", "factorized_operator"]

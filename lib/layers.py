@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ._validation import as_real_tensor, check_int, check_real, check_shape, resolve_dtype, to_output
-from .base import SequenceMap, _view, exposed
+from .base import SequenceMap, exposed
 from .operators import _block_diagonal, _toeplitz
 
 

@@ -46,7 +46,7 @@ def apply_operator(W: Any, X: Any) -> torch.Tensor | np.ndarray:
     """
     W, w_torch = _as_operator(W)
     X, x_torch = as_real_tensor(X, "X")
-    n, p, d = W.shape[-3], W.shape[-2], W.shape[-1]
+    n, d = W.shape[-3], W.shape[-1]
     batch_mismatch = W.ndim == 5 and X.ndim == 3 and X.shape[0] != W.shape[0]
     if X.ndim not in (2, 3) or tuple(X.shape[-2:]) != (n, d) or batch_mismatch:
         batch = f"({W.shape[0]}, {n}, {d})" if W.ndim == 5 else f"({n}, {d}) or (b, {n}, {d})"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from ._validation import check_int, check_real, resolve_dtype
-from .base import SequenceMap, _view, exposed
+from ._validation import resolve_dtype
+from .base import SequenceMap, exposed
+from .ssm import LinearSSM
 
 
 def _tanh_secant(z: torch.Tensor) -> torch.Tensor:
@@ -38,14 +38,10 @@ class ElmanRNN(SequenceMap):
     @classmethod
     def random(cls, N: int, d: int, p: int, *, spectral_radius: float = 0.9, seed: Any = 0,
                dtype: Any = torch.float64) -> "ElmanRNN":
-        """W Gaussian rescaled to `spectral_radius`; U, C with iid N(0, 1/fan-in) entries."""
-        N, d, p = check_int(N, "N"), check_int(d, "d"), check_int(p, "p")
-        radius = check_real(spectral_radius, "spectral_radius", nonnegative=True)
-        rng = np.random.default_rng(seed)
-        W = rng.standard_normal((N, N))
-        W *= radius / max(np.abs(np.linalg.eigvals(W)).max(), 1e-300)
-        U = rng.standard_normal((N, d)) / np.sqrt(d)
-        return cls(W, U, rng.standard_normal((p, N)) / np.sqrt(N), dtype=dtype)
+        """The draws of `LinearSSM.random` as (W, U, C) = (A, B, C): W Gaussian rescaled to
+        `spectral_radius`; U, C with iid N(0, 1/fan-in) entries."""
+        ssm = LinearSSM.random(N, d, p, spectral_radius=spectral_radius, seed=seed)
+        return cls(ssm.A, ssm.B, ssm.C, dtype=dtype)
 
     W = exposed("W")
     U = exposed("U")

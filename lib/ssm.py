@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ._scan import selective_loop, selective_scan, ssd_chunked, ssd_loop, ssd_quadratic
 from ._validation import as_parameter, check_choice, check_int, check_real, resolve_dtype
-from .base import SequenceMap, _view
+from .base import SequenceMap, exposed
 from .factorized import factorized_operator
 from .operators import _toeplitz
 
@@ -219,17 +219,9 @@ class LinearSSM(_Routed):
             A, B = top[:, :N], top[:, N:]
         return cls(A, B, C_c, dtype=dtype)
 
-    @property
-    def A(self) -> np.ndarray:
-        return _view(self._A)
-
-    @property
-    def B(self) -> np.ndarray:
-        return _view(self._B)
-
-    @property
-    def C(self) -> np.ndarray:
-        return _view(self._C)
+    A = exposed("A", "The state matrix A, shape (N, N).")
+    B = exposed("B", "The input matrix B, shape (N, d).")
+    C = exposed("C", "The output matrix C, shape (p, N).")
 
     @property
     def spectral_radius(self) -> float:
@@ -344,30 +336,15 @@ class SelectiveSSM(_Routed):
         """A = −exp(A_log), shape (d, N)."""
         return (-torch.exp(self._A_log)).detach().cpu().numpy()
 
-    @property
-    def A_log(self) -> np.ndarray:
-        """A_log, shape (d, N)."""
-        return _view(self._A_log)
+    A_log = exposed("A_log", "A_log, shape (d, N).")
 
-    @property
-    def W_delta(self) -> np.ndarray:
-        """W_Δ, shape (d, d)."""
-        return _view(self._W_delta)
+    W_delta = exposed("W_delta", "W_Δ, shape (d, d).")
 
-    @property
-    def b_delta(self) -> np.ndarray:
-        """b_Δ, shape (d,)."""
-        return _view(self._b_delta)
+    b_delta = exposed("b_delta", "b_Δ, shape (d,).")
 
-    @property
-    def W_B(self) -> np.ndarray:
-        """W_B, shape (N, d)."""
-        return _view(self._W_B)
+    W_B = exposed("W_B", "W_B, shape (N, d).")
 
-    @property
-    def W_C(self) -> np.ndarray:
-        """W_C, shape (N, d)."""
-        return _view(self._W_C)
+    W_C = exposed("W_C", "W_C, shape (N, d).")
 
     def selection(self, X: Any) -> tuple:
         """The input-dependent (Δ_t, B_t, C_t) at X.
@@ -461,35 +438,17 @@ class SSD(_Routed):
                                   for shape in ((heads, d), (N, d), (N, d), (p, d)))
         return cls(A_log, W_delta, b_delta, W_B, W_C, W_O, dtype=dtype)
 
-    @property
-    def A_log(self) -> np.ndarray:
-        """A_log, shape (H,); the decay rates are a_h = −exp(A_log[h])."""
-        return _view(self._A_log)
+    A_log = exposed("A_log", "A_log, shape (H,); the decay rates are a_h = −exp(A_log[h]).")
 
-    @property
-    def W_delta(self) -> np.ndarray:
-        """w_Δ^h as rows, shape (H, d)."""
-        return _view(self._W_delta)
+    W_delta = exposed("W_delta", "w_Δ^h as rows, shape (H, d).")
 
-    @property
-    def b_delta(self) -> np.ndarray:
-        """b_Δ, shape (H,)."""
-        return _view(self._b_delta)
+    b_delta = exposed("b_delta", "b_Δ, shape (H,).")
 
-    @property
-    def W_B(self) -> np.ndarray:
-        """W_B, shape (N, d): B_t = W_B x_t."""
-        return _view(self._W_B)
+    W_B = exposed("W_B", "W_B, shape (N, d): B_t = W_B x_t.")
 
-    @property
-    def W_C(self) -> np.ndarray:
-        """W_C, shape (N, d): C_t = W_C x_t."""
-        return _view(self._W_C)
+    W_C = exposed("W_C", "W_C, shape (N, d): C_t = W_C x_t.")
 
-    @property
-    def W_O(self) -> np.ndarray:
-        """Output map W_O, shape (p, d)."""
-        return _view(self._W_O)
+    W_O = exposed("W_O", "Output map W_O, shape (p, d).")
 
     @property
     def a(self) -> np.ndarray:
@@ -581,10 +540,7 @@ class _ModalSSM(_Routed):
         lam = -torch.exp(self._A_log).detach().cpu().numpy()
         return lam + 1j * self._A_imag.detach().cpu().numpy() if self.complex else lam
 
-    @property
-    def D(self) -> np.ndarray:
-        """The skip D, shape (d,): L_0 gains diag(D)."""
-        return _view(self._D)
+    D = exposed("D", "The skip D, shape (d,): L_0 gains diag(D).")
 
     def modes(self) -> tuple[np.ndarray, np.ndarray]:
         """Nodes ν_k (K,) and residues R_k (K, p, d), complex128, with L_ℓ = Σ_k ν_k^ℓ R_k (0⁰ = 1).

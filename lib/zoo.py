@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from ._validation import check_int
 from .attention import LinearAttention, SoftmaxAttention

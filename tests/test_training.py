@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib import Dense, LinearSSM, RelativeHeads, SoftmaxAttention, relative_error
+from lib import Dense, LinearSSM, RelativeHeads, SoftmaxAttention
 from lib.heads import min_heads, optimal_head_errors, population_error
 from lib.training import (
     FactorizedStudent,
