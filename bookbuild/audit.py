@@ -4,8 +4,9 @@
 (b) no executed notebook holds an error output;
 (c) no page or stylesheet references an external script, stylesheet, font or image;
 (d) in headless Chromium, after typesetting, every page with math holds at least as many
-    ``mjx-container`` elements as it has math nodes and no ``mjx-merror``; a screenshot of
-    each page lands in ``_build/screenshots/``;
+    ``mjx-container`` elements as it has math nodes and no ``mjx-merror``, and no output,
+    code or literal block is wider than the page (scrolls sideways); a screenshot of each
+    page lands in ``_build/screenshots/``;
 (e) the build's result tables agree with ``data/results`` within their tolerances;
 (f) the reproduction ledger is complete: every claim has a numerical check within its
     tolerance, a test and a summary, and its page shows the ledger line under it;
@@ -166,7 +167,7 @@ def _browser_for(result: Audit, what: str, require_browser: bool) -> str | None:
 
 
 def audit_math(book: Book, require_browser: bool = False) -> Audit:
-    result = Audit("(d) math typeset in headless Chromium, screenshots")
+    result = Audit("(d) math typeset and nothing scrolls sideways in headless Chromium, screenshots")
     binary = _browser_for(result, "the MathJax check and the screenshots", require_browser)
     if binary is None:
         return result
@@ -191,6 +192,7 @@ def audit_math(book: Book, require_browser: bool = False) -> Audit:
                                            "typeset (mjx-container)")
             if errors:
                 result.problems.append(f"{rel}: {errors} TeX error(s) (mjx-merror)")
+            result.problems += [f"{rel}: scrolls sideways, {block}" for block in rendered.overflowing[:3]]
             if not png.exists():
                 result.problems.append(f"{rel}: no screenshot")
     result.summary = (f"{len(book.pages)} pages, {with_math} with math; screenshots in "

@@ -30,6 +30,13 @@ _TYPESET = """async () => {
     return false;
 }"""
 
+# Blocks of the page body that scroll sideways: outputs (tables), code, literal blocks.
+_OVERFLOWING = """() => [...document.querySelectorAll(
+        'main .cell_output .output, main .cell_input pre, main div.highlight pre')]
+    .filter(el => el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2)
+    .map(el => `${el.scrollWidth} px in ${el.clientWidth}: `
+               + JSON.stringify(el.textContent.trim().replace(/\\s+/g, ' ').slice(0, 40)))"""
+
 
 def find_chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
@@ -61,6 +68,7 @@ def serve(directory: Path):
 class RenderedPage:
     dom: str  # the DOM after typesetting
     typeset: bool  # MathJax ran and finished
+    overflowing: list  # blocks that scroll sideways, as "<scroll> px in <width>: <text>"
 
 
 class Browser:
@@ -100,7 +108,7 @@ class Browser:
             typeset = bool(page.evaluate(_TYPESET))
             if screenshot is not None:
                 page.screenshot(path=str(screenshot))
-            return RenderedPage(page.content(), typeset)
+            return RenderedPage(page.content(), typeset, page.evaluate(_OVERFLOWING))
         finally:
             page.close()
 

@@ -232,7 +232,11 @@ class Table:
         if isinstance(formats, str):
             formats = {c: formats for c in df.columns if df[c].dtype.kind in "fiu"}
         formats = formats or {}
-        styler = df.style.hide(axis="index").format(formats, na_rep="—")
+        # Formatted numbers sit in a no-wrap span, so that text and headers may wrap to fit
+        # the page while a number never breaks ("9.8e-" / "33").
+        spans = {column: (lambda v, spec=spec: f'<span class="num">{spec.format(v)}</span>')
+                 for column, spec in formats.items()}
+        styler = df.style.hide(axis="index").format(spans, na_rep="—")
         # exclude_styles drops Styler's random table id and its CSS: the theme styles tables.
         self.html = styler.to_html(exclude_styles=True).replace(
             "<table>", '<table class="dataframe book-table">', 1)

@@ -6,7 +6,8 @@ cell is tagged to hide or remove it, and its outputs. The measures:
 
 - visible code lines (non-blank) per 100 words of prose on the page;
 - the largest visible code cell, in lines;
-- visible code lines longer than 88 characters (they scroll sideways);
+- code lines longer than 88 characters, shown or one click away (hide-input): they
+  scroll sideways;
 - object reprs in outputs (``<... at 0x...>``, pandas Styler ids ``T_xxxxx``) and stray
   values (a cell whose result is a bare text value, not a table or figure);
 - figures wider than 8 in at the book's figure dpi.
@@ -87,10 +88,12 @@ def measure(nb, notebook: str) -> PageMeasures:
             continue
         if cell.cell_type != "code":
             continue
+        lines = [line for line in cell.source.splitlines() if line.strip()]
         if _visible(cell):
-            lines = [line for line in cell.source.splitlines() if line.strip()]
             m.code_lines += len(lines)
             m.largest_cell = max(m.largest_cell, len(lines))
+        if not set(cell.metadata.get("tags", [])) & {"remove-input", "remove-cell"}:
+            # hide-input code is one click away: it must fit the page too
             m.long_lines += [f"cell {number}: {len(line)} chars" for line in lines
                              if len(line) > MAX_LINE]
         if "remove-output" in cell.metadata.get("tags", []) or "remove-cell" in cell.metadata.get("tags", []):

@@ -271,7 +271,8 @@ class LibApi(SphinxDirective):
         lines = []
         for name in lib.API[title]:
             kind = "autoclass" if isinstance(getattr(lib, name), type) else "autofunction"
-            lines += [f"```{{{kind}}} lib.{name}", *([":members:"] if kind == "autoclass" else []), "```", ""]
+            options = [":members:", ":exclude-members: extra_repr"] if kind == "autoclass" else []
+            lines += [f"```{{{kind}}} lib.{name}", *options, "```", ""]
         container = nodes.container()
         self.state.nested_parse(StringList(lines), self.content_offset, container)
         return container.children

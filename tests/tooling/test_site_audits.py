@@ -27,7 +27,8 @@ def math_book(tmp_path) -> Book:
     (root / "data" / "params.yaml").write_text("{}\n")
     (root / "intro.md").write_text(
         "# Math\n\nA book macro $\\W_{ij} \\in \\R^{p\\times d}$ and an unknown one "
-        "$\\nosuchmacro{x}$.\n")
+        "$\\nosuchmacro{x}$.\n\n```python\nshort_line = 1\n```\n\n"
+        "```python\nwide_line = [" + ", ".join(["0"] * 120) + "]\n```\n")
     assert build_site(Book(root), echo=lambda _: None)
     return Book(root)
 
@@ -37,6 +38,12 @@ def test_unknown_macro_is_reported_and_known_macros_typeset(math_book):
     result = audit_math(math_book)
     assert [p for p in result.problems if "mjx-merror" in p] == ["intro.html: 1 TeX error(s) (mjx-merror)"]
     assert (math_book.build / "screenshots" / "intro.png").exists()
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="Chromium not installed")
+def test_a_code_block_wider_than_the_page_is_reported(math_book):
+    [problem] = [p for p in audit_math(math_book).problems if "scrolls sideways" in p]
+    assert problem.startswith("intro.html: scrolls sideways") and "wide_line" in problem
 
 
 def test_offline_check_catches_a_cdn_script(math_book):

@@ -186,3 +186,16 @@ def test_commit_is_dirty_unless_only_ignored_folders_changed(tmp_path):
     assert not book.commit(ignoring=("tables",)).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert book.commit(ignoring=("tables",)).endswith("-dirty")
+
+
+def test_table_keeps_each_formatted_number_on_one_line_and_lets_text_wrap():
+    import pandas as pd
+
+    from bookbuild.notebook import Table
+
+    table = Table(pd.DataFrame({"model": ["S4D Lin"], "error": [9.8e-33], "n": [64]}),
+                  {"error": "{:.1e}", "n": "{:d}"})
+    assert '<span class="num">9.8e-33</span>' in table.html  # no break at the exponent's '-'
+    assert '<span class="num">64</span>' in table.html
+    assert ">S4D Lin<" in table.html and "T_" not in table.html
+    assert table.text.split() == ["model", "error", "n", "S4D", "Lin", "9.8e-33", "64"]
