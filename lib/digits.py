@@ -269,7 +269,7 @@ def exact_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int, *, dig
     """k_n = dim span{L_0..L_{n−1}} of a trained layer, by a route that float64 rounding cannot blur.
 
     SharedStateSSM: the rank of its residues (`modes`; equal nodes merged, their residues
-    summed, as μ = μ̄ for a real mode), {prf:ref}`prop-modal-lag-span` with the skip as the node
+    summed, as λ = λ̄ for a real mode), {prf:ref}`prop-modal-lag-span` with the skip as the node
     0: needs n ≥ the number of distinct nodes, pairwise apart by more than
     separation · max(1, max|ν|) (rank rule rtol 1e-10).  DiagonalSSM: the rank of the n × d
     matrix [K[q, ℓ] + δ_ℓ0 D_q] (the diagonals of the lags) computed by mpmath with `digits`
@@ -330,7 +330,7 @@ def _extended_kernel_singular_values(layer: DiagonalSSM, n: int, digits: int) ->
 
 @dataclass(frozen=True)
 class InputMoments:
-    """Mean μ (d,) and covariance Σ (d, d) (divisor count) of tokens pooled over sequences and
+    """Mean x̄ (d,) and covariance Σ (d, d) (divisor count) of tokens pooled over sequences and
     positions; count, the number of tokens."""
 
     mean: np.ndarray
@@ -350,15 +350,15 @@ def input_moments(inputs: Any) -> InputMoments:
 
 
 class CentredHeads(torch.nn.Module):
-    """H heads on centred tokens plus the exact mean path: ŷ_i = Σ_h Σ_{ℓ≤i} c[h, ℓ] V_h (x_{i−ℓ} − μ) + m_i.
+    """H heads on centred tokens plus the exact mean path: ŷ_i = Σ_h Σ_{ℓ≤i} c[h, ℓ] V_h (x_{i−ℓ} − x̄) + ȳ_i.
 
-    With m_i = Σ_{ℓ≤i} L_ℓ μ, the layer's output on the constant token μ, the error is that of
+    With ȳ_i = Σ_{ℓ≤i} L_ℓ x̄, the layer's output on the constant token x̄, the error is that of
     the heads on the centred tokens ({prf:ref}`prop-covariance-head-count`, part 2).  An affine
-    map, not a factorized one unless μ = 0.  The forward pass convolves with
+    map, not a factorized one unless x̄ = 0.  The forward pass convolves with
     L̂_ℓ = Σ_h c[h, ℓ] V_h by FFT (one p × d kernel whatever H); lengths up to heads.max_length.
 
     Args:
-        heads: a RelativeHeads.  mean: μ, shape (d,).  mean_path: m, shape (n_max, p).
+        heads: a RelativeHeads.  mean: x̄, shape (d,).  mean_path: ȳ, shape (n_max, p).
     """
 
     def __init__(self, heads: RelativeHeads, mean: Any, mean_path: Any) -> None:
@@ -390,7 +390,7 @@ class CentredHeads(torch.nn.Module):
 
 
 def mean_path(layer: Any, n: int, mean: Any) -> np.ndarray:
-    """m_i = Σ_{ℓ≤i} L_ℓ μ for i < n: an LTI layer's output on the constant input μ (d,), shape (n, p)."""
+    """ȳ_i = Σ_{ℓ≤i} L_ℓ x̄ for i < n: an LTI layer's output on the constant input x̄ (d,), shape (n, p)."""
     layer, n = _check_lti(layer), check_int(n, "n")
     mean, _ = as_real_tensor(mean, "mean", dtype=torch.float64)
     if tuple(mean.shape) != (layer.d,):
@@ -404,7 +404,7 @@ def truncations(layer: Any, n: int, heads: Sequence[int], moments: InputMoments,
 
     `truncated_heads(layer, n, H, covariance=Σ)` for every H from one singular value
     decomposition of G_Σ ({prf:ref}`prop-covariance-head-count`), on the centred tokens with the
-    exact mean path (centre=True); centre=False: the same heads on the raw tokens (μ, m = 0),
+    exact mean path (centre=True); centre=False: the same heads on the raw tokens (x̄, ȳ = 0),
     whose error gains the mean term of the proposition.
     """
     layer, n = _check_lti(layer), check_int(n, "n")
@@ -427,7 +427,7 @@ def truncation_errors(layer: Any, n: int, heads: Sequence[int], moments: InputMo
     closed form for tokens iid over positions with the moments; "measured": Σ‖y − ŷ‖² / Σ‖y − m‖²
     on inputs (b, n, d), y the layer's output, ŷ the truncation with the mean path, m the mean
     path; "measured, no mean path": the same heads on the raw tokens; "predicted, no mean path":
-    its iid value with the mean term, `population_error(..., covariance=Σ, mean=μ)` / ‖G_Σ‖²_F.
+    its iid value with the mean term, `population_error(..., covariance=Σ, mean=x̄)` / ‖G_Σ‖²_F.
     """
     layer, n = _check_lti(layer), check_int(n, "n")
     X, _ = as_real_tensor(inputs, "inputs", dtype=torch.float64)

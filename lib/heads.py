@@ -281,8 +281,8 @@ def population_error(teacher: LinearSSM | RelativeHeads, student: LinearSSM | Re
 
     The objective of {prf:ref}`thm-approx-head-count` between two causal convolutions
     (LinearSSM or RelativeHeads with lags K_ℓ, K̂_ℓ and equal (p, d)) on length n.
-    With covariance Σ and mean μ: tokens iid over positions with these moments, and the error
-    Σ_ℓ (n−ℓ) tr(E_ℓ Σ E_ℓᵀ) + Σ_i ‖Σ_{ℓ≤i} E_ℓ μ‖², E_ℓ = K_ℓ − K̂_ℓ ({prf:ref}`prop-covariance-head-count`).
+    With covariance Σ and mean x̄: tokens iid over positions with these moments, and the error
+    Σ_ℓ (n−ℓ) tr(E_ℓ Σ E_ℓᵀ) + Σ_i ‖Σ_{ℓ≤i} E_ℓ x̄‖², E_ℓ = K_ℓ − K̂_ℓ ({prf:ref}`prop-covariance-head-count`).
     """
     n = check_int(n, "n")
     K, K_hat = _kernel(teacher, n, "teacher"), _kernel(student, n, "student")

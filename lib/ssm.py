@@ -497,8 +497,9 @@ class SSD(_Routed):
 class _ModalSSM(_Routed):
     """An LTI layer with diagonal continuous dynamics, ZOH with a learned step and a skip D (p = d).
 
-    A mode has λ = −exp(A_log) + i A_imag (A_imag = 0 for real modes), step Δ = exp(log_step),
-    μ = e^{Δλ} and input weight B̄ = (e^{Δλ} − 1)/λ · B (`expm1`, so small Δλ keep their digits).
+    A mode has the continuous eigenvalue λc = −exp(A_log) + i A_imag (A_imag = 0 for real modes),
+    step Δ = exp(log_step), eigenvalue λ = e^{Δλc} and input weight B̄ = (e^{Δλc} − 1)/λc · B
+    (`expm1`, so small Δλc keep their digits).
     Complex modes stand for conjugate pairs and are read out as 2 Re(·); real modes as they are.
     Subclasses compute `_lags(n)` (n, p, d) and the two routes; the operator is block Toeplitz.
     """
@@ -545,7 +546,7 @@ class _ModalSSM(_Routed):
     def modes(self) -> tuple[np.ndarray, np.ndarray]:
         """Nodes ν_k (K,) and residues R_k (K, p, d), complex128, with L_ℓ = Σ_k ν_k^ℓ R_k (0⁰ = 1).
 
-        One node μ per mode (and μ̄ for a complex one, residue R̄), and the node 0 with residue
+        One node λ per mode (and λ̄ for a complex one, residue R̄), and the node 0 with residue
         diag(D); K = 2·modes + 1 (complex) or modes + 1 (real).  Nodes need not be distinct.
         """
         nodes, residues = self._modes_and_residues()
@@ -568,11 +569,11 @@ def _s4d_init(shape: tuple[int, ...], M: int, init: str) -> tuple[np.ndarray, np
 class DiagonalSSM(_ModalSSM):
     """S4D's layer: d single-channel SSMs with diagonal A, each with its own learned step, and a skip D.
 
-    Channel q (Gu et al. 2022) has M modes λ_qm, step Δ_q, μ_qm = e^{Δ_q λ_qm}, B̄_qm = (μ_qm − 1)/λ_qm
-    (B_c = 1) and the kernel
+    Channel q (Gu et al. 2022) has M modes with continuous eigenvalues λc_qm, a step Δ_q, the
+    eigenvalues λ_qm = e^{Δ_q λc_qm}, B̄_qm = (λ_qm − 1)/λc_qm (B_c = 1) and the kernel
 
-        K[q, ℓ] = 2 Re Σ_m C_qm B̄_qm μ_qm^ℓ  (complex: C = C[..., 0] + i C[..., 1], state size N = 2M)
-        K[q, ℓ] = Σ_m C_qm B̄_qm μ_qm^ℓ       (real: A_imag None, C (d, M), N = M),
+        K[q, ℓ] = 2 Re Σ_m C_qm B̄_qm λ_qm^ℓ  (complex: C = C[..., 0] + i C[..., 1], state size N = 2M)
+        K[q, ℓ] = Σ_m C_qm B̄_qm λ_qm^ℓ       (real: A_imag None, C (d, M), N = M),
 
     y_i[q] = Σ_{ℓ≤i} K[q, ℓ] x_{i−ℓ}[q] + D_q x_i[q]: an LTI map ({prf:ref}`def-lti-ssm` with a skip)
     whose lags are diagonal, L_ℓ = diag(K[:, ℓ]) + δ_{ℓ0} diag(D).  Routes: "recurrence" (the
@@ -642,7 +643,7 @@ class DiagonalSSM(_ModalSSM):
     def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
         step_lam, CB = self._weights()
         mu, s, outputs = torch.exp(step_lam), None, []
-        for x in X.unbind(1):                                     # s_i = μ s_{i−1} + x_i, per channel and mode
+        for x in X.unbind(1):                                     # s_i = λ s_{i−1} + x_i, per channel and mode
             s = x[..., None].to(mu.dtype) if s is None else mu * s + x[..., None]
             outputs.append(self._readout((CB * s).sum(-1)) + self._D * x)
         return torch.stack(outputs, 1)
@@ -654,11 +655,12 @@ class DiagonalSSM(_ModalSSM):
 class SharedStateSSM(_ModalSSM):
     """S5's layer: one multi-input multi-output SSM, M diagonal modes shared by the d channels, and a skip D.
 
-    Mode m (Smith et al. 2023) has λ_m, its own step Δ_m, μ_m = e^{Δ_m λ_m} and B̄_m = (μ_m − 1)/λ_m B_m;
-    with complex B (M, d), C (d, M) (last axis: real, imaginary part) and conjugate pairs read out
-    as 2 Re, the lags are full d × d matrices (state size P = 2M),
+    Mode m (Smith et al. 2023) has a continuous eigenvalue λc_m, its own step Δ_m, the eigenvalue
+    λ_m = e^{Δ_m λc_m} and B̄_m = (λ_m − 1)/λc_m B_m; with complex B (M, d), C (d, M) (last axis:
+    real, imaginary part) and conjugate pairs read out as 2 Re, the lags are full d × d matrices
+    (state size N = 2M, called P in S5 and in `random` and `.P`),
 
-        L_ℓ = 2 Re Σ_m C[:, m] μ_m^ℓ B̄_m + δ_{ℓ0} diag(D),   y_i = Σ_{ℓ≤i} L_ℓ x_{i−ℓ}.
+        L_ℓ = 2 Re Σ_m C[:, m] λ_m^ℓ B̄_m + δ_{ℓ0} diag(D),   y_i = Σ_{ℓ≤i} L_ℓ x_{i−ℓ}.
 
     Deviations from S5: S4D-Lin eigenvalues rather than HiPPO-N's, a convolution instead of a
     parallel scan (same map).  Routes: "recurrence" (the reference), "convolution" ("auto").
@@ -680,7 +682,7 @@ class SharedStateSSM(_ModalSSM):
     @classmethod
     def random(cls, d: int, P: int, *, step_range: tuple[float, float] = (1e-3, 1e-1), seed: Any = 0,
                dtype: Any = torch.float64) -> "SharedStateSSM":
-        """S4D-Lin modes λ = −½ + iπm, m = 0..P/2−1 (P even); E|B|² = 1/d, E|C|² = 2/P per entry;
+        """P = N states (even): S4D-Lin modes λc = −½ + iπm, m = 0..P/2−1; E|B|² = 1/d, E|C|² = 2/P per entry;
         log Δ_m uniform in log step_range; D ~ N(0, 1); default_rng(seed)."""
         d, P = check_int(d, "d"), check_int(P, "P")
         if P % 2:
@@ -718,7 +720,7 @@ class SharedStateSSM(_ModalSSM):
     def _recurrence(self, X: torch.Tensor) -> torch.Tensor:
         step_lam, B, C = self._weights()
         mu, s, outputs = torch.exp(step_lam), None, []
-        for x in X.unbind(1):                                     # s_i = μ ⊙ s_{i−1} + B̄ x_i
+        for x in X.unbind(1):                                     # s_i = λ ⊙ s_{i−1} + B̄ x_i
             u = x.to(B.dtype) @ B.T
             s = u if s is None else mu * s + u
             outputs.append(self._readout(s @ C.T) + self._D * x)
