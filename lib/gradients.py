@@ -34,6 +34,16 @@ def _require(value: Any, name: str, *kinds: type) -> None:
         raise TypeError(f"{name} must be {what} from lib; got {type(value).__name__}")
 
 
+def _query_key(attention: Any, i: Any, j: Any, n: int) -> tuple[int, int]:
+    # A query i and a key j != i in [0, n) that the attention can see (j < i if causal).
+    i, j = _position(i, "i", n), _position(j, "j", n)
+    if j == i:
+        raise ValueError(f"j must differ from i; got i = j = {i}")
+    if attention.causal and j > i:
+        raise ValueError(f"j must be < i for causal attention; got i = {i}, j = {j}")
+    return i, j
+
+
 def _position(value: Any, name: str, n: int) -> int:
     value = check_int(value, name, minimum=0)
     if value >= n:
@@ -362,11 +372,7 @@ def planted_key_input(attention: SoftmaxAttention | LinearAttention, n: int, i: 
     n = check_int(n, "n")
     if attention.max_length is not None and n > attention.max_length:
         raise ValueError(f"n must be <= {attention.max_length} for this model; got {n}")
-    i, j = _position(i, "i", n), _position(j, "j", n)
-    if j == i:
-        raise ValueError(f"j must differ from i; got i = j = {i}")
-    if attention.causal and j > i:
-        raise ValueError(f"j must be < i for causal attention; got i = {i}, j = {j}")
+    i, j = _query_key(attention, i, j, n)
     strength = check_real(strength, "strength", positive=True)
     head = check_int(head, "head", minimum=0)
     if head >= attention.H:
@@ -423,11 +429,7 @@ def key_price(attention: SoftmaxAttention, X: Any, i: int, j: int, eps: float, *
     _require(attention, "attention", SoftmaxAttention)
     X = _numpy(_one_sequence(attention, X))
     n = X.shape[0]
-    i, j = _position(i, "i", n), _position(j, "j", n)
-    if j == i:
-        raise ValueError(f"j must differ from i; got i = j = {i}")
-    if attention.causal and j > i:
-        raise ValueError(f"j must be < i for causal attention; got i = {i}, j = {j}")
+    i, j = _query_key(attention, i, j, n)
     eps = check_real(eps, "eps", positive=True)
     if eps >= 1:
         raise ValueError(f"eps must satisfy 0 < eps < 1; got {eps}")

@@ -87,6 +87,16 @@ def apply(W, X):
     return Y
 
 
+def central_difference_gradient(f, X, h=1e-5):
+    """∂ f(X) / ∂X by central differences (f scalar-valued, numpy)."""
+    grad = np.zeros_like(X)
+    for index in np.ndindex(X.shape):
+        step = np.zeros_like(X)
+        step[index] = h
+        grad[index] = (f(X + step) - f(X - step)) / (2 * h)
+    return grad
+
+
 def numerical_rank(blocks, rtol=RANK_RTOL):
     """Number of singular values of the stacked vec(blocks) above rtol · largest (0 if all vanish).
 
@@ -841,14 +851,19 @@ def rk4_flow(A_c, B_c, step, max_step_norm=1e-3):
     # Columns: N homogeneous solutions from the unit states, d forced ones from s(0) = 0.
     S = np.concatenate([np.eye(N), np.zeros((N, d))], 1)
     U = np.concatenate([np.zeros((d, N)), np.eye(d)], 1)  # the held input of each column
-    f = lambda S: A_c @ S + B_c @ U
-    for _ in range(substeps):
-        k1 = f(S)
-        k2 = f(S + h / 2 * k1)
-        k3 = f(S + h / 2 * k2)
-        k4 = f(S + h * k3)
-        S = S + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    S = _rk4(lambda S: A_c @ S + B_c @ U, S, h, substeps)
     return S[:, :N], S[:, N:]
+
+
+def _rk4(f, s, h, steps):
+    """`steps` classical Runge–Kutta steps of size h for ṡ = f(s)."""
+    for _ in range(steps):
+        k1 = f(s)
+        k2 = f(s + h / 2 * k1)
+        k3 = f(s + h / 2 * k2)
+        k4 = f(s + h * k3)
+        s = s + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return s
 
 
 def held_input_samples(A_c, B_c, C, step, X, max_step_norm=1e-3):
@@ -856,13 +871,7 @@ def held_input_samples(A_c, B_c, C, step, X, max_step_norm=1e-3):
     substeps = _substeps(A_c, step, max_step_norm)
     h, s, Y = step / substeps, np.zeros(len(A_c)), []
     for x in X:
-        f = lambda s: A_c @ s + B_c @ x
-        for _ in range(substeps):
-            k1 = f(s)
-            k2 = f(s + h / 2 * k1)
-            k3 = f(s + h / 2 * k2)
-            k4 = f(s + h * k3)
-            s = s + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        s = _rk4(lambda s: A_c @ s + B_c @ x, s, h, substeps)
         Y.append(C @ s)
     return np.array(Y)
 

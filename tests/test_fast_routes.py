@@ -187,16 +187,6 @@ def test_ssd_routes_equal_the_numpy_recurrence(N, H, dh, p, n, b):
         np.testing.assert_allclose(Y, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
 
 
-def central_difference_gradient(f, X, h=1e-5):
-    """∂ f(X) / ∂X by central differences (f scalar-valued, numpy)."""
-    grad = np.zeros_like(X)
-    for index in np.ndindex(X.shape):
-        step = np.zeros_like(X)
-        step[index] = h
-        grad[index] = (f(X + step) - f(X - step)) / (2 * h)
-    return grad
-
-
 @pytest.mark.parametrize("make", [lambda: SelectiveSSM.random(2, 3, step_range=(0.1, 1.0), seed=0),
                                   lambda: SSD.random(4, 3, N=2, heads=2, step_range=(0.1, 1.0), seed=0)],
                          ids=["SelectiveSSM", "SSD"])
@@ -206,7 +196,7 @@ def test_selective_routes_have_the_gradients_of_the_numpy_reference_batched(make
     X = np.random.default_rng(0).standard_normal((2, 13, model.d))
     Xt = torch.tensor(X, requires_grad=True)
     (g,) = torch.autograd.grad(model(Xt, method=method)[:, 8].sum(), Xt)
-    expected = central_difference_gradient(lambda Z: ref.forward(model, Z)[:, 8].sum(), X)
+    expected = ref.central_difference_gradient(lambda Z: ref.forward(model, Z)[:, 8].sum(), X)
     np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6, atol=1e-9)
     assert np.all(g.numpy()[:, 9:] == 0)
 

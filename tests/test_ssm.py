@@ -320,16 +320,6 @@ def test_selective_operator_is_finite_for_strong_decay():
     assert ref.itemwise_error(W[:30, :30], ref.operator(model, X[:30]), 2) <= 1e-10
 
 
-def central_difference_gradient(f, X, h=1e-5):
-    """∂ f(X) / ∂X by central differences (f scalar-valued, numpy)."""
-    grad = np.zeros_like(X)
-    for index in np.ndindex(X.shape):
-        step = np.zeros_like(X)
-        step[index] = h
-        grad[index] = (f(X + step) - f(X - step)) / (2 * h)
-    return grad
-
-
 @pytest.mark.parametrize("method", ["recurrence", "scan"])
 def test_selective_routes_are_differentiable(method):
     # Autograd through each route against central differences of the numpy reference.
@@ -337,7 +327,7 @@ def test_selective_routes_are_differentiable(method):
     X = np.random.default_rng(0).standard_normal((12, 2))
     Xt = torch.tensor(X, requires_grad=True)
     (g,) = torch.autograd.grad(model(Xt, method=method)[8].sum(), Xt)
-    expected = central_difference_gradient(lambda Z: ref.forward(model, Z)[8].sum(), X)
+    expected = ref.central_difference_gradient(lambda Z: ref.forward(model, Z)[8].sum(), X)
     np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6, atol=1e-9)
     assert np.all(g.numpy()[9:] == 0)
 
