@@ -17,7 +17,8 @@ import yaml
 PROFILES = ("published", "quick")
 
 #: Files (relative to the book root, glob patterns) that every notebook's result depends on.
-SHARED_INPUTS = ("lib/**/*.py", "data/params.yaml", "requirements.txt")
+SHARED_INPUTS = ("lib/**/*.py", "experiments/**/*.py", "reference/**/*.py", "data/params.yaml",
+                 "requirements.txt")
 
 #: The notebook-side helper: part of every notebook's inputs (it draws footers, writes tables).
 HELPER_SOURCE = Path(__file__).with_name("notebook.py")

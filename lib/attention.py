@@ -1,8 +1,9 @@
-"""Multi-head softmax attention and linear attention: the factorized class's archetypes.
+"""The factorized class ({prf:ref}`def-factorized`): softmax and linear attention, relative-position heads.
 
-Both mix tokens through per-head weights α^h_ij(X) applied to shared value maps
-V_h = W_O^h W_V^h ∈ ℝ^{p×d}: y_i = Σ_h W_O^h Σ_j α^h_ij W_V^h x_j, so
-𝒲_ij(X) = Σ_h α^h_ij(X) V_h ({prf:ref}`def-factorized` with H heads). They differ only in α.
+Each model has H heads with scalar weights α^h_ij(X) on shared value maps V_h ∈ ℝ^{p×d}:
+𝒲_ij(X) = Σ_h α^h_ij(X) V_h, so its interaction rank is at most H. `values()` gives V (H, p, d).
+Attention heads here have V_h = W_O^h W_V^h of any rank up to min(p, d, d_v): with the default
+d_v = d // H they are d/H-wide as built; with d_v = d they can be any p × d map.
 """
 
 from __future__ import annotations
@@ -13,26 +14,27 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ._validation import check_int, resolve_dtype
-from .base import SequenceMap, _view, exposed
-from .factorized import factorized_operator
+from ._validation import check_int, check_real
+from .base import SequenceMap, batched
+from .operators import factorized_operator, toeplitz_operator
+from .scan import fft_causal_conv
 
 
 class _MultiHead(SequenceMap):
-    """Projections W_Q, W_K (H, d_k, d), W_V (H, d_v, d), W_O (H, p, d_v) and the operator."""
+    """Projections W_Q, W_K (H, d_k, d), W_V (H, d_v, d), W_O (H, p, d_v)."""
 
-    def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, causal: bool, dtype: Any) -> None:
-        super().__init__(resolve_dtype(dtype))
+    def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, causal: bool, dtype: torch.dtype) -> None:
+        super().__init__()
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-        dims = self._set_parameters(W_Q=(W_Q, ("H", "d_k", "d")), W_K=(W_K, ("H", "d_k", "d")),
-                                    W_V=(W_V, ("H", "d_v", "d")), W_O=(W_O, ("H", "p", "d_v")))
+        dims = self.set_parameters(dtype, W_Q=(W_Q, "H d_k d"), W_K=(W_K, "H d_k d"),
+                                   W_V=(W_V, "H d_v d"), W_O=(W_O, "H p d_v"))
         self.d, self.p, self.H, self.d_k, self.d_v = (dims[k] for k in ("d", "p", "H", "d_k", "d_v"))
         self.causal = causal
 
-    @classmethod
-    def _random_projections(cls, d: int, p: int, heads: int, d_k: int | None, d_v: int | None, seed: Any) -> dict:
-        # W_Q, W_K, W_V with iid N(0, 1/d) entries, W_O with iid N(0, 1/(H d_v)).
+    @staticmethod
+    def _random_projections(d: int, p: int, heads: int, d_k: int | None, d_v: int | None, seed: Any) -> dict:
+        # W_Q, W_K, W_V with iid N(0, 1/d) entries, W_O with N(0, 1/(H d_v)); d_k = d_v = d // H by default.
         d, p, heads = check_int(d, "d"), check_int(p, "p"), check_int(heads, "heads")
         d_k = max(1, d // heads) if d_k is None else check_int(d_k, "d_k")
         d_v = max(1, d // heads) if d_v is None else check_int(d_v, "d_v")
@@ -41,100 +43,77 @@ class _MultiHead(SequenceMap):
         return {name: rng.standard_normal((heads, rows, cols)) / np.sqrt(fan_in)
                 for name, (rows, cols, fan_in) in shapes.items()}
 
-    W_Q = exposed("W_Q")
-    W_K = exposed("W_K")
-    W_V = exposed("W_V")
-    W_O = exposed("W_O")
+    def values(self) -> torch.Tensor:
+        """V_h = W_O^h W_V^h, shape (H, p, d)."""
+        return self.W_O @ self.W_V
 
-    def values(self) -> np.ndarray:
-        """The shared value maps V_h = W_O^h W_V^h, shape (H, p, d)."""
-        return self._values().detach().cpu().numpy()
-
-    def weights(self, X: Any) -> torch.Tensor | np.ndarray:
-        """α^h_ij(X), shape (H, n, n) or (b, H, n, n); zero for j > i if causal."""
-        return self._at_edge(self._weights, X)
-
-    def _values(self) -> torch.Tensor:
-        return self._W_O @ self._W_V
-
-    def _project(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # Per-head queries, keys, values: (b, H, n, d_k), (b, H, n, d_k), (b, H, n, d_v).
-        return tuple(torch.einsum("hkd,bnd->bhnk", W, X) for W in (self._W_Q, self._W_K, self._W_V))
+    def _project(self, X: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # Queries, keys, values per head: (b, H, n, d_k), (b, H, n, d_k), (b, H, n, d_v).
+        return tuple(torch.einsum("hkd,bnd->bhnk", W, X) for W in (self.W_Q, self.W_K, self.W_V))
 
     def _output(self, mixed: torch.Tensor) -> torch.Tensor:
-        # Σ_h W_O^h (mixed values of head h): (b, H, n, d_v) -> (b, n, p).
-        return torch.einsum("hpv,bhnv->bnp", self._W_O, mixed)
+        # Σ_h W_O^h (head h's mixed values): (b, H, n, d_v) -> (b, n, p).
+        return torch.einsum("hpv,bhnv->bnp", self.W_O, mixed)
 
-    def _operator(self, X: torch.Tensor) -> torch.Tensor:
-        return factorized_operator(self._weights(X), self._values())
-
-    def _sizes(self) -> dict[str, int]:
-        return {"H": self.H, "d_k": self.d_k, "d_v": self.d_v, **super()._sizes()}
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, causal={self.causal}"
+    @batched
+    def operator(self, X: torch.Tensor) -> torch.Tensor:
+        return factorized_operator(self.weights(X), self.values())
 
 
 class SoftmaxAttention(_MultiHead):
-    """Multi-head (optionally causal) softmax attention with bias-free projections.
+    """Multi-head softmax attention with bias-free projections, optionally causal.
 
-    z^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i−j], α^h_ij = softmax_j(z^h_ij) (j ≤ i when
-    causal). Implements {prf:ref}`prop-softmax-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
-
-    Args:
-        W_Q, W_K: shape (H, d_k, d).  W_V: shape (H, d_v, d).  W_O: shape (H, p, d_v).
-        causal: token i attends only to j ≤ i (default True).
-        position_bias: optional b, shape (H, n_max), added at lag i − j; causal only, and
-            limits sequences to n ≤ n_max.
+    z^h_ij = (W_Q^h x_i)·(W_K^h x_j)/√d_k + b_h[i − j], α^h_ij = softmax_j(z^h_ij) (j <= i if
+    causal); {prf:ref}`prop-softmax-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h. The optional
+    learned relative-position scores b (H, n_max) need causal=True and cap n at n_max.
     """
 
     _QUERY_BLOCK = 512  # queries per block: O(block · n) memory on long sequences
 
     def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, *, causal: bool = True,
-                 position_bias: Any = None, dtype: Any = torch.float64) -> None:
+                 position_bias: Any = None, dtype: torch.dtype = torch.float64) -> None:
         super().__init__(W_Q, W_K, W_V, W_O, causal, dtype)
         if position_bias is None:
-            self._position_bias = None
+            self.position_bias = None
         elif not causal:
-            raise ValueError("position_bias is only supported with causal=True (lags i - j >= 0)")
+            raise ValueError("position_bias needs causal=True (lags i − j >= 0)")
         else:
-            dims = self._set_parameters({"H": self.H}, position_bias=(position_bias, ("H", "n_max")))
+            dims = self.set_parameters(dtype, {"H": self.H}, position_bias=(position_bias, "H n_max"))
             self.max_length = dims["n_max"]
 
     @classmethod
     def random(cls, d: int, p: int, heads: int = 1, *, d_k: int | None = None, d_v: int | None = None,
-               causal: bool = True, seed: Any = 0, dtype: Any = torch.float64) -> "SoftmaxAttention":
-        """Gaussian projections (W_Q, W_K, W_V: N(0, 1/d); W_O: N(0, 1/(H d_v))); d_k = d_v = d // H."""
-        return cls(**cls._random_projections(d, p, heads, d_k, d_v, seed), causal=causal, dtype=dtype)
-
-    @property
-    def position_bias(self) -> np.ndarray | None:
-        """b, shape (H, n_max), or None."""
-        return None if self._position_bias is None else _view(self._position_bias)
-
-    def scores(self, X: Any) -> torch.Tensor | np.ndarray:
-        """The scores z^h_ij(X), shape (H, n, n) or (b, H, n, n); −inf for j > i if causal."""
-        return self._at_edge(self._scores, X)
-
-    def _scores(self, X: torch.Tensor) -> torch.Tensor:
-        Q, K, _ = self._project(X)
-        return self._score_rows(Q, K, 0)
+               causal: bool = True, max_length: int | None = None, seed: Any = 0,
+               dtype: torch.dtype = torch.float64) -> "SoftmaxAttention":
+        """Gaussian projections (see `_random_projections`); with max_length, zero position scores."""
+        projections = cls._random_projections(d, p, heads, d_k, d_v, seed)
+        bias = None if max_length is None else np.zeros((heads, check_int(max_length, "max_length")))
+        return cls(**projections, causal=causal, position_bias=bias, dtype=dtype)
 
     def _score_rows(self, Q: torch.Tensor, K: torch.Tensor, start: int) -> torch.Tensor:
-        # Scores of queries Q (b, H, m, d_k) at positions start.. against all keys.
+        # Scores of the queries Q (b, H, m, d_k) at positions start.. against all keys.
         s = Q @ K.transpose(-1, -2) / math.sqrt(self.d_k)
         if self.causal:
-            lag = (torch.arange(start, start + Q.shape[2], device=Q.device)[:, None]
-                   - torch.arange(K.shape[2], device=K.device)[None, :])
-            if self._position_bias is not None:
-                s = s + self._position_bias[:, lag.clamp(min=0)]
+            positions = torch.arange(K.shape[2], device=Q.device)
+            lag = positions[start:start + Q.shape[2], None] - positions[None, :]
+            if self.position_bias is not None:
+                s = s + self.position_bias[:, lag.clamp(min=0)]
             s = s.masked_fill(lag < 0, -math.inf)
         return s
 
-    def _weights(self, X: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self._scores(X), dim=-1)
+    @batched
+    def scores(self, X: torch.Tensor) -> torch.Tensor:
+        """z^h_ij(X), shape (b, H, n, n); −inf for j > i if causal."""
+        Q, K, _ = self._project(X)
+        return self._score_rows(Q, K, 0)
 
-    def _forward(self, X: torch.Tensor) -> torch.Tensor:
+    @batched
+    def weights(self, X: torch.Tensor) -> torch.Tensor:
+        """α^h_ij(X), shape (b, H, n, n)."""
+        return torch.softmax(self.scores(X), dim=-1)
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
         Q, K, V = self._project(X)
         mixed = [torch.softmax(self._score_rows(Q[:, :, start:start + self._QUERY_BLOCK], K, start), dim=-1) @ V
                  for start in range(0, X.shape[1], self._QUERY_BLOCK)]
@@ -142,30 +121,22 @@ class SoftmaxAttention(_MultiHead):
 
 
 def elu_plus_one(u: torch.Tensor) -> torch.Tensor:
-    """φ(u) = elu(u) + 1 > 0 (Katharopoulos et al. 2020), as u + 1 for u > 0 and e^u below.
-
-    The literal (e^u − 1) + 1 loses e^u's relative accuracy for u ≪ 0 and is 0 below u ≈ −37.
-    """
+    """φ(u) = elu(u) + 1 > 0, as u + 1 above 0 and e^u below (the literal (e^u − 1) + 1 loses
+    e^u's relative accuracy for u ≪ 0)."""
     return torch.where(u > 0, u + 1, torch.exp(torch.clamp(u, max=0.0)))
 
 
 class LinearAttention(_MultiHead):
     """Multi-head linear attention (Katharopoulos et al. 2020) with a positive feature map φ.
 
-    α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'}) (j, j' ≤ i when causal); the forward pass
-    uses running sums S_i = Σ_{j≤i} φ(k_j)(W_V x_j)ᵀ, ν_i = Σ_{j≤i} φ(k_j) and never forms α.
-    Implements {prf:ref}`prop-linear-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
-
-    Args:
-        W_Q, W_K: shape (H, d_k, d).  W_V: shape (H, d_v, d).  W_O: shape (H, p, d_v).
-        causal: token i attends only to j ≤ i (default True).
-        feature_map: elementwise torch function with positive values (default elu + 1);
-            a normaliser <= 0 raises ValueError.
+    α^h_ij = φ(q_i)ᵀφ(k_j) / Σ_{j'} φ(q_i)ᵀφ(k_{j'}) (j, j' <= i if causal), computed by running
+    sums, never forming α; {prf:ref}`prop-linear-attention`: 𝒲_ij(X) = Σ_h α^h_ij(X) V_h.
+    feature_map: elementwise, positive (default elu + 1); a normaliser <= 0 raises ValueError.
     """
 
     def __init__(self, W_Q: Any, W_K: Any, W_V: Any, W_O: Any, *, causal: bool = True,
                  feature_map: Callable[[torch.Tensor], torch.Tensor] = elu_plus_one,
-                 dtype: Any = torch.float64) -> None:
+                 dtype: torch.dtype = torch.float64) -> None:
         super().__init__(W_Q, W_K, W_V, W_O, causal, dtype)
         if not callable(feature_map):
             raise TypeError(f"feature_map must be callable; got {type(feature_map).__name__}")
@@ -173,32 +144,30 @@ class LinearAttention(_MultiHead):
 
     @classmethod
     def random(cls, d: int, p: int, heads: int = 1, *, d_k: int | None = None, d_v: int | None = None,
-               causal: bool = True, feature_map: Callable[[torch.Tensor], torch.Tensor] = elu_plus_one,
-               seed: Any = 0, dtype: Any = torch.float64) -> "LinearAttention":
+               causal: bool = True, seed: Any = 0, dtype: torch.dtype = torch.float64) -> "LinearAttention":
         """Gaussian projections as in SoftmaxAttention.random."""
-        return cls(**cls._random_projections(d, p, heads, d_k, d_v, seed), causal=causal,
-                   feature_map=feature_map, dtype=dtype)
-
-    def _features(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        Q, K, V = self._project(X)
-        return self.feature_map(Q), self.feature_map(K), V
+        return cls(**cls._random_projections(d, p, heads, d_k, d_v, seed), causal=causal, dtype=dtype)
 
     @staticmethod
     def _normalise(numerator: torch.Tensor, normaliser: torch.Tensor) -> torch.Tensor:
         if not bool((normaliser > 0).all()):
             raise ValueError("feature_map must return positive features; got a normaliser <= 0 "
-                             "(positive features can also underflow to 0: elu + 1 below about -745)")
+                             "(elu + 1 underflows to 0 below about -745)")
         return numerator / normaliser
 
-    def _weights(self, X: torch.Tensor) -> torch.Tensor:
-        phi_q, phi_k, _ = self._features(X)
-        kernel = phi_q @ phi_k.transpose(-1, -2)  # φ(q_i)ᵀφ(k_j), (b, H, n, n)
+    @batched
+    def weights(self, X: torch.Tensor) -> torch.Tensor:
+        """α^h_ij(X), shape (b, H, n, n)."""
+        Q, K, _ = self._project(X)
+        kernel = self.feature_map(Q) @ self.feature_map(K).transpose(-1, -2)  # φ(q_i)ᵀφ(k_j)
         if self.causal:
             kernel = torch.tril(kernel)
         return self._normalise(kernel, kernel.sum(-1, keepdim=True))
 
-    def _forward(self, X: torch.Tensor) -> torch.Tensor:
-        phi_q, phi_k, V = self._features(X)
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        Q, K, V = self._project(X)
+        phi_q, phi_k = self.feature_map(Q), self.feature_map(K)
         S = phi_k[..., :, None] * V[..., None, :]  # φ(k_j)(W_V x_j)ᵀ, (b, H, n, d_k, d_v)
         if self.causal:
             S, z = S.cumsum(2), phi_k.cumsum(2)
@@ -206,3 +175,55 @@ class LinearAttention(_MultiHead):
             S, z = S.sum(2, keepdim=True), phi_k.sum(2, keepdim=True)
         numerator = torch.einsum("bhnk,bhnkv->bhnv", phi_q, S.expand(*phi_q.shape, V.shape[-1]))
         return self._output(self._normalise(numerator, (phi_q * z).sum(-1, keepdim=True)))
+
+
+class RelativeHeads(SequenceMap):
+    """H causal heads with lag-only coefficients: 𝒲_ij = Σ_h c[h, i − j] V_h, V (H, p, d), c (H, n_max).
+
+    The input-independent case of {prf:ref}`def-factorized`, the model class of
+    {prf:ref}`thm-head-count`; coefficients are signed and unnormalised, n <= n_max. H = 0 is
+    the zero map. Forward: a Toeplitz product up to n = 512, an FFT convolution beyond.
+    """
+
+    _DIRECT_UP_TO = 512
+
+    def __init__(self, V: Any, coefficients: Any, *, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        dims = self.set_parameters(dtype, V=(V, "H? p d"), coefficients=(coefficients, "H? n_max"))
+        self.d, self.p, self.H, self.max_length = dims["d"], dims["p"], dims["H"], dims["n_max"]
+
+    @classmethod
+    def random(cls, H: int, n_max: int, d: int, p: int, *, decay: float = 0.9, scale: float = 1.0,
+               seed: Any = 0, dtype: torch.dtype = torch.float64) -> "RelativeHeads":
+        """V with iid N(0, 1/d) entries; c[h, ℓ] = scale · decay^ℓ · N(0, 1)."""
+        H, n_max, d, p = check_int(H, "H"), check_int(n_max, "n_max"), check_int(d, "d"), check_int(p, "p")
+        decay, scale = check_real(decay, "decay"), check_real(scale, "scale", low=0)
+        rng = np.random.default_rng(seed)
+        V = rng.standard_normal((H, p, d)) / np.sqrt(d)
+        return cls(V, scale * rng.standard_normal((H, n_max)) * decay ** np.arange(n_max), dtype=dtype)
+
+    def values(self) -> torch.Tensor:
+        """V_h, shape (H, p, d)."""
+        return self.V
+
+    def lags(self, n: int) -> torch.Tensor:
+        """L̂_ℓ = Σ_h c[h, ℓ] V_h for ℓ = 0..n−1 (n <= n_max), shape (n, p, d)."""
+        n = check_int(n, "n")
+        if n > self.max_length:
+            raise ValueError(f"n must be <= n_max = {self.max_length}; got {n}")
+        return torch.einsum("hl,hpd->lpd", self.coefficients[:, :n], self.V)
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if self.H == 0:
+            return X.new_zeros(*X.shape[:2], self.p)
+        projected, n = torch.einsum("hpd,bnd->bnhp", self.V, X), X.shape[1]  # V_h x_j
+        if n > self._DIRECT_UP_TO:
+            return fft_causal_conv(projected, self.coefficients.T, "fh,bfhp->bfp")
+        return torch.einsum("ijh,bjhp->bip", toeplitz_operator(self.coefficients.T, n), projected)
+
+    @batched
+    def operator(self, X: torch.Tensor) -> torch.Tensor:
+        b, n, _ = X.shape
+        alpha = toeplitz_operator(self.coefficients.T, n).permute(2, 0, 1)  # (H, n, n)
+        return factorized_operator(alpha.expand(b, -1, -1, -1), self.V)

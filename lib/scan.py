@@ -1,4 +1,7 @@
-"""The forward routes of SelectiveSSM and SSD: sequential loops and fast chunked scans.
+"""The forward routes of SelectiveSSM and SSD (loops and fast chunked scans), and the FFT convolution.
+
+An optional module: a first read of lib may skip it. The loops are the reference; every
+other route agrees with its loop to rounding (tests/lib/test_scan.py).
 
 Selective SSM (S6), per batch, channel q and state n (lib.ssm.SelectiveSSM):
 
@@ -369,3 +372,21 @@ def ssd_quadratic(delta, A, B, C, x):
     decay = _decay_matrix((delta * (A * LOG2E)).transpose(1, 2))              # (b, H, n, n)
     scores = (C @ B.mT)[:, None] * decay
     return (scores @ (delta[..., None] * x).transpose(1, 2)).transpose(1, 2)
+
+
+# -- causal convolution by the FFT ----------------------------------------------------------
+
+
+def fft_causal_conv(x: torch.Tensor, kernel: torch.Tensor, equation: str) -> torch.Tensor:
+    """y[:, t] = Σ_{ℓ<=t} kernel[ℓ] ⋆ x[:, t−ℓ] for t < n, in O(n log n).
+
+    x: time on dim 1, (b, n, ...); kernel: time on dim 0, (m, ...) (taps ℓ >= n dropped);
+    equation: einsum of one frequency of kernel and x, the frequency first in the kernel and
+    second in x, e.g. "fpd,bfd->bfp" for (p, d) taps acting on (b, n, d).
+    """
+    n = x.shape[1]
+    kernel = kernel[:n]
+    size = 1 << (n + kernel.shape[0] - 2).bit_length()  # >= n + m − 1: circular = linear on t < n
+    x_hat = torch.fft.rfft(x, n=size, dim=1)
+    kernel_hat = torch.fft.rfft(kernel, n=size, dim=0)
+    return torch.fft.irfft(torch.einsum(equation, kernel_hat, x_hat), n=size, dim=1)[:, :n]

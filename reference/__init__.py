@@ -1,16 +1,12 @@
-"""Plain-numpy references for the formulas of the framework chapter (chapters/framework/index.md).
+"""Plain-numpy transcriptions of the framework chapter's formulas (chapters/framework/index.md).
 
-Independent of `lib` by construction: this module imports numpy only and never calls lib's
-code. Each function transcribes one formula of the chapter literally — explicit loops,
-explicit matrix products, closed-form B-splines — so that a bug in lib cannot sit on both
-sides of a comparison. The tests (tests/test_*.py) and the chapter's notebook
-(chapters/framework/operators.ipynb, which imports this file) compare lib against it.
+Independent of `lib` by construction: numpy only, never lib's code. Each function transcribes
+one formula literally — explicit loops and matrix products, closed-form B-splines — so that a
+bug in lib cannot sit on both sides of a comparison. Tests and the framework notebook (through
+experiments/framework.py) compare lib against it; functions take plain arrays, never models.
 
-Conventions are the book's (see the chapter): X has shape (n, d) with X[j] = x_{j+1};
-an operator W has shape (n, n, p, d) with W[i, j] = 𝒲_{i+1, j+1}; outputs have shape (n, p).
-Functions taking a lib model read its parameters only through the public numpy properties
-(W, W1, W2, kernel, A, B, C, U, A_log, W_delta, b_delta, W_B, W_C, W_O, W_Q, W_K, W_V,
-silu_weights, spline_coefficients, grid_range, causal, position_bias).
+Conventions are the book's: X (n, d) with X[j] = x_{j+1}; an operator W (n, n, p, d) with
+W[i, j] = 𝒲_{i+1, j+1}; outputs (n, p).
 """
 
 from __future__ import annotations
@@ -458,133 +454,7 @@ def kan_operator(w, c, grid_range, X):
     return out
 
 
-# -- dispatch on lib's model classes (by class name: this module does not import lib) -------
-
-
-def _attention(model):
-    return model.W_Q, model.W_K, model.W_V, model.W_O
-
-
-def _linear_map(model):
-    name = getattr(model.feature_map, "__name__", "")
-    if name != "elu_plus_one":
-        raise NotImplementedError(f"reference linear attention uses elu + 1; the model uses {name!r}")
-    return _attention(model)
-
-
-def forward(model, X):
-    """The layer computed the usual way (recurrences, convolutions, running sums), from the model's
-    parameters. X: (n, d) or (b, n, d) numpy array; returns (n, p) or (b, n, p)."""
-    X = np.asarray(X, dtype=float)
-    if X.ndim == 3:
-        return np.stack([forward(model, x) for x in X])
-    kind = type(model).__name__
-    if kind == "Dense":
-        return dense_forward(model.W, X)
-    if kind == "FeedForward":
-        return ffn_forward(model.W1, model.W2, X)
-    if kind == "CausalConv1d":
-        return conv_forward(model.kernel, X)
-    if kind == "ElmanRNN":
-        return rnn_forward(model.W, model.U, model.C, X)
-    if kind == "LinearSSM":
-        return lti_forward(model.A, model.B, model.C, X)
-    if kind == "SelectiveSSM":
-        return selective_forward(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
-    if kind == "SSD":
-        return ssd_forward(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, model.W_O, X)
-    if kind == "SoftmaxAttention":
-        return softmax_forward(*_attention(model), X, model.causal, model.position_bias)
-    if kind == "LinearAttention":
-        return linear_forward(*_linear_map(model), X, model.causal)
-    if kind == "KANLayer":
-        return kan_forward(model.silu_weights, model.spline_coefficients, model.grid_range, X)
-    raise NotImplementedError(f"no reference for {kind}")
-
-
-def coefficients(model, X):
-    """(α, V) of a factorized model ({prf:ref}`def-factorized`): α (H, n, n), V (H, p, d).
-
-    Dense is the one-head case α_ij = δ_ij, V = W. X: (n, d).
-    """
-    X = np.asarray(X, dtype=float)
-    kind = type(model).__name__
-    if kind == "Dense":
-        return np.eye(len(X))[None], model.W[None]
-    if kind == "SSD":
-        alpha = ssd_coefficients(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
-        return alpha, ssd_values(model.W_O, len(model.A_log))
-    if kind == "SoftmaxAttention":
-        W_Q, W_K, W_V, W_O = _attention(model)
-        return softmax_weights(W_Q, W_K, X, model.causal, model.position_bias), attention_values(W_V, W_O)
-    if kind == "LinearAttention":
-        W_Q, W_K, W_V, W_O = _linear_map(model)
-        return linear_weights(W_Q, W_K, X, model.causal), attention_values(W_V, W_O)
-    raise NotImplementedError(f"{kind} is not in the factorized class")
-
-
-def operator(model, X):
-    """The operator the chapter's proposition gives, from the model's parameters.
-    X: (n, d) or (b, n, d); returns (n, n, p, d) or (b, n, n, p, d)."""
-    X = np.asarray(X, dtype=float)
-    if X.ndim == 3:
-        return np.stack([operator(model, x) for x in X])
-    kind = type(model).__name__
-    if kind == "FeedForward":
-        return ffn_operator(model.W1, model.W2, X)
-    if kind == "CausalConv1d":
-        return conv_operator(model.kernel, len(X))
-    if kind == "ElmanRNN":
-        return rnn_operator(model.W, model.U, model.C, X)
-    if kind == "LinearSSM":
-        return lti_operator(model.A, model.B, model.C, len(X))
-    if kind == "SelectiveSSM":
-        return selective_operator(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
-    if kind == "KANLayer":
-        return kan_operator(model.silu_weights, model.spline_coefficients, model.grid_range, X)
-    if kind == "Dense":
-        return dense_operator(model.W, X)
-    return factorized_operator(*coefficients(model, X))
-
-
-def agreement(model, X):
-    """Per-item errors of lib's model against the references, on one batch X of shape (b, n, d).
-
-    Returns a dict:
-        operator:  lib's model.operator(X) against `operator` (blockwise relative),
-        forward:   lib's model(X) against `forward` (tokenwise relative),
-        identity:  Σ_j 𝒲_ij x_j with the reference operator against the reference forward
-                   pass (tokenwise) — the proposition itself, in plain numpy.
-    Each is the largest over the sequences of the batch (each sequence scaled by itself).
-    """
-    X = np.asarray(X, dtype=float)
-    W_lib, Y_lib = np.asarray(model.operator(X)), np.asarray(model(X))
-    W_ref, Y_ref = operator(model, X), forward(model, X)
-    return {
-        "operator": max(itemwise_error(a, r, 2) for a, r in zip(W_lib, W_ref)),
-        "forward": max(itemwise_error(a, r, 1) for a, r in zip(Y_lib, Y_ref)),
-        "identity": max(itemwise_error(apply(w, x), y, 1) for w, x, y in zip(W_ref, X, Y_ref)),
-    }
-
-
-#: Tolerance on the per-item errors of `agreement`, by input family: 1e-10 for every family.
-#: (Large tokens once needed 1e-8, while lib took Δ from torch's softplus with its default
-#: threshold 20; lib now passes threshold 40, exact in float64.)
-TOLERANCE: dict[str, float] = {}
-DEFAULT_TOLERANCE = 1e-10
-
-
-def tolerance(family):
-    """The tolerance on `agreement`'s errors for an input family of `input_families`."""
-    return TOLERANCE.get(family, DEFAULT_TOLERANCE)
-
-
-def worst_ratio(model, families):
-    """max over families and over the three errors of `agreement`, each divided by its family's
-    tolerance: <= 1 means lib and the formulas agree everywhere. Returns (ratio, {family: errors})."""
-    errors = {name: agreement(model, X) for name, X in families.items()}
-    ratio = max(max(e.values()) / tolerance(name) for name, e in errors.items())
-    return ratio, errors
+# -- inputs on which every proposition must hold ------------------------------------------
 
 
 def input_families(n, d, rng, scale=30.0, batch=3):
@@ -665,7 +535,7 @@ def impulse_operator(As, Bs, Cs):
     return out
 
 
-def _channel_factors(decay, drive, Ct, W_out):
+def channel_factors(decay, drive, Ct, W_out):
     """Per-channel dynamics with state (d·N): A_t = blockdiag_c diag(decay[t, c]),
     B_t e_c = drive[t, c] in block c, C_t = W_out · blockdiag_c C_tᵀ."""
     n, d, N = decay.shape
@@ -681,47 +551,6 @@ def _channel_factors(decay, drive, Ct, W_out):
     return As, Bs, Cs
 
 
-def structured_factors(model, X):
-    """(A_i, B_i, C_i) of a model with structured dynamics, evaluated at X (n, d), as the
-    chapter identifies them: LTI SSM (A, B, C); Elman RNN (Φ_i W, Φ_i U, C); selective SSM
-    and SSD with one N-dimensional state per channel (decays e^{Δ_t[q] A[q]}, resp. a^h_t for
-    the channel's head h)."""
-    X = np.asarray(X, dtype=float)
-    n = len(X)
-    kind = type(model).__name__
-    if kind == "LinearSSM":
-        A, B, C = model.A, model.B, model.C
-        return np.repeat(A[None], n, 0), np.repeat(B[None], n, 0), np.repeat(C[None], n, 0)
-    if kind == "ElmanRNN":
-        D = [np.diag(tanh_secant(z)) for z in rnn_pre_activations(model.W, model.U, X)]
-        return (np.array([Di @ model.W for Di in D]), np.array([Di @ model.U for Di in D]),
-                np.repeat(model.C[None], n, 0))
-    if kind == "SelectiveSSM":
-        A, delta, Bt, Ct = selective_parts(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
-        decay = np.exp(delta[:, :, None] * A[None])
-        drive = delta[:, :, None] * Bt[:, None, :]
-        return _channel_factors(decay, drive, Ct, np.eye(model.d))
-    if kind == "SSD":
-        delta, a, Bt, Ct = ssd_parts(model.A_log, model.W_delta, model.b_delta, model.W_B, model.W_C, X)
-        head = np.arange(model.d) // (model.d // len(model.A_log))  # the head of each channel
-        N = model.W_B.shape[0]
-        decay = np.repeat(a[:, head][:, :, None], N, 2)
-        drive = delta[:, head][:, :, None] * Bt[:, None, :]
-        return _channel_factors(decay, drive, Ct, model.W_O)
-    raise NotImplementedError(f"{kind} is not given structured dynamics in the chapter")
-
-
-def structured_error(model, X):
-    """Largest per-item error, over the sequences of X (b, n, d), of lib's operator against the
-    product formula and of lib's forward pass against the recurrence, with the model's factors."""
-    worst = 0.0
-    for x in np.asarray(X, dtype=float):
-        As, Bs, Cs = structured_factors(model, x)
-        worst = max(worst, itemwise_error(np.asarray(model.operator(x)), structured_operator(As, Bs, Cs), 2),
-                    itemwise_error(np.asarray(model(x)), structured_recurrence(As, Bs, Cs, x), 1))
-    return worst
-
-
 # -- interaction ranks as the chapter states them -----------------------------------------------
 
 
@@ -733,77 +562,10 @@ def ffn_rank(W1, W2, tokens):
     return numerical_rank(patterns @ rank_one)
 
 
-def predicted_rank(model, inputs):
-    """What the chapter's proposition says about the interaction rank of `model` over `inputs`.
-
-    inputs: (b, n, d), every sequence of one length n. Returns (relation, value, rule) with
-    relation "=" when the page claims the value exactly (its conditions checked here, in
-    numpy) and "≤" when it claims only a bound.
-    """
-    inputs = np.asarray(inputs, dtype=float)
-    b, n, d = inputs.shape
-    tokens = inputs.reshape(-1, d)
-    kind = type(model).__name__
-    if kind == "Dense":
-        return "=", int(np.any(model.W != 0)), "1 (W ≠ 0)"
-    if kind == "FeedForward":
-        return "=", ffn_rank(model.W1, model.W2, tokens), "dim span{W₂ Π W₁ : Π realised}"
-    if kind == "CausalConv1d":
-        return "=", numerical_rank(model.kernel[: min(model.r, n)]), "dim span{K_ℓ : ℓ < min(r, n)}"
-    if kind == "ElmanRNN":
-        bound = np.linalg.matrix_rank(model.C) * np.linalg.matrix_rank(model.U)
-        return "≤", int(bound), "rank C · rank U"
-    if kind == "LinearSSM":
-        return "=", numerical_rank(lti_lags(model.A, model.B, model.C, n)), "k = dim span{L_ℓ : ℓ < n}"
-    if kind == "KANLayer":
-        return "≤", model.p * model.d, "pd"
-    if kind == "SelectiveSSM":
-        ok = quadratic_form_nonzero(model.W_B, model.W_C) and np.linalg.matrix_rank(model.W_delta) == d
-        return ("=" if ok and len(tokens) >= d else "≤"), d, "d (W_Δ invertible, ω ≢ 0)"
-    if kind == "SSD":
-        H = len(model.A_log)
-        values = ssd_values(model.W_O, H)
-        ok = (quadratic_form_nonzero(model.W_B, model.W_C) and np.linalg.matrix_rank(model.W_delta) == H
-              and all(np.any(V != 0) for V in values))
-        return ("=" if ok and len(tokens) >= H else "≤"), H, "H (rank W_Δ = H, W_O P_h ≠ 0, ω ≢ 0)"
-    if kind == "SoftmaxAttention":
-        H = model.H
-        if n == 1:
-            return "=", int(np.any(attention_values(model.W_V, model.W_O).sum(0) != 0)), "1 (n = 1)"
-        ok = (numerical_rank(attention_values(model.W_V, model.W_O)) == H and b >= H
-              and model.position_bias is None and score_directions_independent(model))
-        return ("=" if ok else "≤"), H, "H (n ≥ 2, V_h and W_Kᵀ W_Q x* independent)"
-    if kind == "LinearAttention":
-        H = model.H
-        if numerical_rank(attention_values(model.W_V, model.W_O)) < H:
-            return "≤", H, "H"
-        alpha = np.concatenate([coefficients(model, x)[0].reshape(H, -1).T for x in inputs])
-        return "=", numerical_rank(alpha), "dim span{α_ij(X)} (V_h independent)"
-    raise NotImplementedError(f"no rank statement for {kind}")
-
-
 def quadratic_form_nonzero(W_B, W_C):
     """ω(x) = (W_C x)ᵀ(W_B x) is not identically zero iff W_Cᵀ W_B is not antisymmetric."""
     M = W_C.T @ W_B
     return bool(np.abs(M + M.T).max() > 1e-12 * max(np.abs(M).max(), 1e-300))
-
-
-def score_directions_independent(model, seed=0):
-    """Whether the vectors W_K^{hᵀ} W_Q^h x*, h = 1..H, are independent at a random token x*."""
-    x = np.random.default_rng(seed).standard_normal(model.d)
-    u = np.array([model.W_K[h].T @ (model.W_Q[h] @ x) for h in range(model.H)])
-    return numerical_rank(u) == model.H
-
-
-def coefficient_rank(model, inputs):
-    """dim span{(α^1_ij(X), …, α^H_ij(X)) : i, j, X ∈ inputs} (prop-factorized-rank). inputs (b, n, d)."""
-    vectors = [coefficients(model, x)[0].reshape(-1, len(x) ** 2).T for x in np.asarray(inputs, dtype=float)]
-    return numerical_rank(np.concatenate(vectors))
-
-
-def value_rank(model):
-    """dim span{V_1, …, V_H} of a factorized model."""
-    return numerical_rank(coefficients(model, np.zeros((1, model.d)))[1])
 
 
 # -- prop-discretisation --------------------------------------------------------------------------
@@ -888,182 +650,3 @@ def mapped_spectral_radius(A_c, step, method):
 def column_error(actual, reference):
     """Largest relative error over the columns of a matrix (each relative to its own norm)."""
     return itemwise_error(np.asarray(actual).T, np.asarray(reference).T, 1)
-
-
-# -- the chapter notebook's tables and checks (rows are plain dicts; lib objects come in as arguments)
-
-
-def _check_named_models(models):
-    if not isinstance(models, dict) or not models:
-        raise ValueError("models must be a non-empty dict {name: (label, model)}")
-    for name, entry in models.items():
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise ValueError(f"models[{name!r}] must be a pair (proposition label, model)")
-
-
-def _check_families(families):
-    if not isinstance(families, dict) or not families:
-        raise ValueError("families must be a non-empty dict {family: inputs (b, n, d)}")
-
-
-def agreement_rows(models, families):
-    """One row per (model, input family): `agreement`'s three errors, the family's tolerance,
-    the largest of the three and that over the tolerance.
-
-    models: {name: (proposition label, model)}; families: {family: inputs (b, n, d)}, e.g.
-    from `input_families`. Columns: architecture, proposition, inputs, operator, forward,
-    identity, tolerance, largest, largest / tolerance.
-    """
-    _check_named_models(models)
-    _check_families(families)
-    rows = []
-    for name, (label, model) in models.items():
-        for family, X in families.items():
-            errors = agreement(model, X)
-            largest = max(errors.values())
-            rows.append({"architecture": name, "proposition": label, "inputs": family, **errors,
-                         "tolerance": tolerance(family), "largest": largest,
-                         "largest / tolerance": largest / tolerance(family)})
-    return rows
-
-
-def rank_rows(architectures, measured, inputs):
-    """One row per architecture: what the page says of its interaction rank (`predicted_rank`)
-    against the measured rank.
-
-    architectures: objects with .name, .label, .model (lib.zoo.Architecture); measured:
-    {name: rank measured by lib}; inputs: (b, n, d). Columns: architecture, proposition,
-    page's rank, relation, page's value, measured rank, holds (equality for "=", the bound
-    for "≤").
-    """
-    architectures = list(architectures)
-    if not architectures:
-        raise ValueError("architectures must not be empty")
-    missing = [a.name for a in architectures if a.name not in measured]
-    if missing:
-        raise ValueError(f"measured lacks the ranks of {missing}")
-    rows = []
-    for arch in architectures:
-        relation, value, rule = predicted_rank(arch.model, inputs)
-        rank = int(measured[arch.name])
-        rows.append({"architecture": arch.name, "proposition": arch.label, "page's rank": rule,
-                     "relation": relation, "page's value": value, "measured rank": rank,
-                     "holds": rank == value if relation == "=" else rank <= value})
-    return rows
-
-
-def worst_row(rows, error="largest"):
-    """The row whose `error` is largest relative to its own `tolerance` (rows: non-empty dicts)."""
-    rows = list(rows)
-    if not rows:
-        raise ValueError("rows must not be empty")
-    return max(rows, key=lambda row: row[error] / row["tolerance"])
-
-
-def proposition_checks(agreement, ranks):
-    """The numerical check of each proposition the agreement rows name: (label, discrepancy,
-    tolerance, what) for `run.check`.
-
-    discrepancy = the proposition's largest error on the input family where it comes closest
-    to that family's tolerance (`worst_row`), plus the number of its rank statements that
-    fail (each adds 1, far above any tolerance); tolerance = that family's. agreement: rows of
-    `agreement_rows`; ranks: rows of `rank_rows`.
-    """
-    agreement, ranks = list(agreement), list(ranks)
-    checks = []
-    for label in dict.fromkeys(row["proposition"] for row in agreement):
-        worst = worst_row([row for row in agreement if row["proposition"] == label])
-        misses = sum(not row["holds"] for row in ranks if row["proposition"] == label)
-        what = (f"largest per-item relative error of lib's operator and forward pass against "
-                f"the numpy formulas, over the input families (worst: {worst['inputs']}), "
-                f"+ rank statements missed ({misses})")
-        checks.append((label, worst["largest"] + misses, worst["tolerance"], what))
-    return checks
-
-
-def factorized_rank_rows(architectures, measured, inputs):
-    """prop-factorized-rank for each factorized architecture: heads H, dim span{V_h},
-    dim span{α_ij(X)} over inputs (b, n, d) and the measured rank (see `factorized_rank_misses`).
-
-    architectures: objects with .name, .model; measured: {name: rank measured by lib}.
-    """
-    architectures = list(architectures)
-    if not architectures:
-        raise ValueError("architectures must not be empty")
-    rows = []
-    for arch in architectures:
-        H = getattr(arch.model, "H", 1)
-        values, alphas, rank = value_rank(arch.model), coefficient_rank(arch.model, inputs), int(measured[arch.name])
-        rows.append({"architecture": arch.name, "heads H": H, "dim span{V_h}": values,
-                     "dim span{α_ij(X)}": alphas, "measured": rank})
-    return rows
-
-
-def factorized_rank_misses(rows):
-    """How many rows of `factorized_rank_rows` contradict prop-factorized-rank: a measured rank
-    above H, or, with independent V_h (dim span{V_h} = H), one that differs from dim span{α_ij}."""
-    return sum(r["measured"] > r["heads H"]
-               or (r["dim span{V_h}"] == r["heads H"] and r["measured"] != r["dim span{α_ij(X)}"])
-               for r in rows)
-
-
-def structured_rows(models, families, factor_sizes, rng):
-    """prop-structured-dynamics: the product formula against impulses for arbitrary factors of
-    each size (N, d, p) in factor_sizes (drawn from rng in that order, length n of the first
-    family), then `structured_error` of each model {name: model} on each input family.
-    Columns: system, inputs, error, tolerance."""
-    _check_families(families)
-    n = next(iter(families.values())).shape[1]
-    rows = []
-    for sizes in factor_sizes:
-        As, Bs, Cs = adversarial_factors(n, *sizes, rng)
-        error = itemwise_error(structured_operator(As, Bs, Cs), impulse_operator(As, Bs, Cs), 2)
-        rows.append({"system": f"arbitrary factors (N, d, p) = {tuple(sizes)}", "inputs": "impulses",
-                     "error": error, "tolerance": tolerance("impulses")})
-    for name, model in models.items():
-        for family, X in families.items():
-            rows.append({"system": name, "inputs": family, "tolerance": tolerance(family),
-                         "error": structured_error(model, X)})
-    return rows
-
-
-def discretisation_rows(discretise, systems, steps):
-    """prop-discretisation: for every system of `continuous_systems`, method and step, the
-    column errors of the discretised Ā, B̄ against the independent routes (RK4 for zoh, an
-    explicit inverse for bilinear) and ρ(Ā) against the mapped eigenvalues of A_c.
-
-    discretise(A_c, B_c, C, step, method) -> an object with .A, .B (N × N, N × d) and
-    .spectral_radius (lib's LinearSSM.from_continuous). steps: positive floats.
-    Columns: system, method, step, Ā error, B̄ error, ρ(Ā), ρ mapped.
-    """
-    if not callable(discretise):
-        raise TypeError(f"discretise must be callable; got {type(discretise).__name__}")
-    steps = np.asarray(steps, dtype=float)
-    if steps.ndim != 1 or not steps.size or not np.all(steps > 0):
-        raise ValueError(f"steps must be a non-empty 1-d array of positive steps; got {steps!r}")
-    routes = {"bilinear": bilinear, "zoh": rk4_flow}
-    rows = []
-    for name, (_, A_c, B_c, C) in zip(system_names(systems), systems):
-        for method in routes:
-            for step in steps:
-                model = discretise(A_c, B_c, C, float(step), method=method)
-                A_bar, B_bar = routes[method](A_c, B_c, step)
-                rows.append({"system": name, "method": method, "step": float(step),
-                             "Ā error": column_error(model.A, A_bar), "B̄ error": column_error(model.B, B_bar),
-                             "ρ(Ā)": float(model.spectral_radius),
-                             "ρ mapped": mapped_spectral_radius(A_c, step, method)})
-    return rows
-
-
-def discretisation_check(rows):
-    """(discrepancy, what) of prop-discretisation over `discretisation_rows`: the largest of the
-    Ā, B̄ column errors and the relative gap |ρ(Ā)/ρ mapped − 1|, plus the number of Hurwitz
-    systems whose ρ(Ā) >= 1 (each adds 1)."""
-    rows = list(rows)
-    if not rows:
-        raise ValueError("rows must not be empty")
-    largest = max(max(r["Ā error"], r["B̄ error"], abs(r["ρ(Ā)"] / r["ρ mapped"] - 1)) for r in rows)
-    unstable = sum(r["system"].startswith("Hurwitz") and r["ρ(Ā)"] >= 1 for r in rows)
-    what = ("largest column error of Ā, B̄ against RK4 / an explicit inverse and relative gap of "
-            f"ρ(Ā) to the mapped eigenvalues + Hurwitz systems with ρ(Ā) ≥ 1 ({unstable})")
-    return largest + unstable, what
