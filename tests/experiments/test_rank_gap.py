@@ -206,6 +206,18 @@ def test_thm_rank_gap_map_witness_token_defeats_every_single_head(case):
         assert single_head_witness(ssm, n, V)[2] >= miss * (1 - 1e-9)
 
 
+def test_thm_rank_gap_single_token_witness_exists_iff_k_at_least_two():
+    # The theorem at the level of maps: with k = 1 (lags on one line, numpy's rank) no single token
+    # defeats the head whose V spans that line; with k >= 2 one defeats every V.
+    collinear = collinear_ssm()
+    assert rank_np(lags_np(collinear, 8).reshape(8, -1)) == 1
+    assert single_head_witness(collinear, 8, np.outer([1.0, 0.5], [1.0, 2.0])) is None
+    for ssm, n in RANK_GAP_SSMS:
+        assert rank_np(lags_np(ssm, n).reshape(n, -1)) >= 2
+        for V in np.random.default_rng(0).standard_normal((3, ssm.p, ssm.d)):
+            assert single_head_witness(ssm, n, V)[2] > 1e-3
+
+
 def test_single_head_witness_edge_cases():
     ssm = LinearSSM.damped_rotation(0.9, 0.6)
     lag, u, miss = single_head_witness(ssm, 8, np.eye(2))
@@ -213,7 +225,6 @@ def test_single_head_witness_edge_cases():
     # The miss is the sine of the angle between L_ℓ u and u (V = I), from the lags directly.
     y = lags_np(ssm, 8)[lag] @ u
     assert miss == pytest.approx(np.linalg.norm(np.cross(np.r_[y, 0], np.r_[u, 0])) / np.linalg.norm(y), rel=1e-9)
-    assert single_head_witness(collinear_ssm(), 8, np.outer([1.0, 0.5], [1.0, 2.0])) is None
     # V u = 0 on the witness: every single head answers 0 there, a miss of 1.
     assert single_head_witness(ssm, 8, np.array([[1.0, 0.0], [0.0, 0.0]]))[2] == 1.0
 
