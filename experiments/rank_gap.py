@@ -1,0 +1,147 @@
+"""The rank-gap chapter's probes: pointwise multiples, single-token witnesses, one head with
+token-dependent coefficients.
+
+{prf:ref}`lem-pointwise-multiple` (`sine_to_line`, `pointwise_multiple`, `pointwise_witness`),
+{prf:ref}`thm-rank-gap-map` (`single_head_witness`) and
+{prf:ref}`prop-single-head-generic-inputs` (`token_dependent_single_head`, `span_distances`).
+Arrays are float64 numpy; `ssm` is a lib model with `lags(n)` (a LinearSSM).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _row_sines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`sine_to_line` of each row pair of a, b (m, p) -> (m,)."""
+    norm_a, energy_b = np.linalg.norm(a, axis=1), np.einsum("mp,mp->m", b, b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        residual = np.linalg.norm(a - (np.einsum("mp,mp->m", a, b) / energy_b)[:, None] * b, axis=1)
+        sines = np.minimum(1.0, residual / norm_a)
+    return np.where(norm_a == 0, 0.0, np.where(energy_b == 0, 1.0, sines))
+
+
+def sine_to_line(a: np.ndarray, b: np.ndarray) -> float:
+    """‖a − proj_b a‖ / ‖a‖ ∈ [0, 1] for a, b (p,): 0 when a is a multiple of b (or a = 0), 1 when
+    b = 0 ≠ a (the line is {0})."""
+    return float(_row_sines(np.asarray(a, float)[None], np.asarray(b, float)[None])[0])
+
+
+def pointwise_multiple(L: np.ndarray, V: np.ndarray, inputs: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """Probe {prf:ref}`lem-pointwise-multiple` on tokens u (m, d); L, V (p, d).
+
+    Returns (largest sine_to_line(L u, V u), the hypothesis; factors c(u) = ⟨Lu, Vu⟩/‖Vu‖² (m,),
+    NaN where Vu = 0; their spread (max − min)/max |c| over the defined ones, the conclusion,
+    NaN when none is defined or all are 0).
+    """
+    Lu, Vu = inputs @ L.T, inputs @ V.T
+    energy = np.einsum("mp,mp->m", Vu, Vu)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        factors = np.where(energy > 0, np.einsum("mp,mp->m", Lu, Vu) / energy, np.nan)
+    defined = factors[~np.isnan(factors)]
+    scale = np.abs(defined).max() if len(defined) else 0.0
+    spread = float((defined.max() - defined.min()) / scale) if scale > 0 else float("nan")
+    return float(_row_sines(Lu, Vu).max()), factors, spread
+
+
+def pointwise_witness(L: np.ndarray, V: np.ndarray, rtol: float = 1e-10) -> np.ndarray | None:
+    """A unit u (d,) with L u ∉ span{V u}, or None when L is a multiple of V; L, V (p, d).
+
+    The contrapositive of {prf:ref}`lem-pointwise-multiple`, following its proof. L is a multiple
+    when ‖L − cV‖_F <= rtol ‖L‖_F, c = ⟨L, V⟩_F/‖V‖²_F (or L = 0). Candidates, in the proof's
+    order: the right singular vectors w_q of V (its numerical kernel included, where V u = 0 ≠ L u;
+    σ <= rtol σ_max counts as 0) and the sums w_q + w_q' off the kernel; the one with the largest
+    sine is returned. Random probes cannot replace this: for V = v aᵀ and L = v bᵀ only u ∈ ker V
+    is a witness.
+    """
+    norm_L, energy_V = np.linalg.norm(L), float((V * V).sum())
+    c = float((L * V).sum()) / energy_V if energy_V > 0 else 0.0
+    if norm_L == 0 or np.linalg.norm(L - c * V) <= rtol * norm_L:
+        return None
+    left, sigma, rows = np.linalg.svd(V)                      # rows: right singular vectors (d, d)
+    rank = int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0
+    images = np.zeros((V.shape[1], V.shape[0]))               # V w_q = σ_q left_q, 0 on the kernel
+    images[:rank] = (left[:, :rank] * sigma[:rank]).T
+    pairs = [(r, q) for r in range(rank) for q in range(r + 1, rank)]
+    candidates = np.concatenate([rows, [rows[r] + rows[q] for r, q in pairs]]) if pairs else rows
+    V_images = np.concatenate([images, [images[r] + images[q] for r, q in pairs]]) if pairs else images
+    scale = np.linalg.norm(candidates, axis=1, keepdims=True)
+    candidates, V_images = candidates / scale, V_images / scale
+    return candidates[int(np.argmax(_row_sines(candidates @ L.T, V_images)))]
+
+
+def _outputs(ssm, X: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return ssm(torch.from_numpy(X)).numpy()
+
+
+def single_head_witness(ssm, n: int, V: np.ndarray,
+                        rtol: float = 1e-10) -> tuple[int, np.ndarray, float] | None:
+    """(lag ℓ, unit token u (d,), miss): the single-token input (u, 0, …, 0) of
+    {prf:ref}`thm-rank-gap-map` on which every single head with value map V (p, d) misses.
+
+    For each lag L_ℓ (ℓ < n) not a multiple of V, `pointwise_witness` gives u; a single head
+    answers a multiple of V u at position ℓ, the SSM y_ℓ = L_ℓ u (its forward pass). miss is the
+    least ‖y_ℓ − ŷ‖/‖y_ℓ‖ over ŷ ∈ span{V u} (1 when ‖V u‖ <= rtol ‖V‖), at the lag where it is
+    largest; None when every lag is a multiple of V ({prf:ref}`thm-rank-gap`).
+    """
+    best = None
+    for ell, L in enumerate(ssm.lags(n).numpy(force=True)):
+        u = pointwise_witness(L, V, rtol)
+        if u is None:
+            continue
+        X = np.zeros((n, ssm.d))
+        X[0] = u
+        y, Vu = _outputs(ssm, X)[ell], V @ u
+        miss = 1.0 if np.linalg.norm(Vu) <= rtol * np.linalg.norm(V) else \
+            float(np.linalg.norm(y - (y @ Vu) / (Vu @ Vu) * Vu) / np.linalg.norm(y))
+        if best is None or miss > best[2]:
+            best = ell, u, miss
+    return best
+
+
+def token_dependent_single_head(ssm, X: np.ndarray, V: np.ndarray, *,
+                                causal: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The best y_i = Σ_j α_ij(X) V x_j with α chosen for each input
+    ({prf:ref}`prop-single-head-generic-inputs`): (errors ‖y_i − ŷ_i‖² (b, n), the SSM's outputs
+    y (b, n, p), coefficients α (b, n, n)).
+
+    X (b, n, d), V (p, d). α_i· is the least-norm least-squares solution of V Σ_j α_ij x_j ≈ y_i
+    over j <= i (all j if not causal; numpy pinv, rtol 1e-12): ŷ_i is the point of V·span{x_j}
+    nearest to y_i.
+    """
+    Y = _outputs(ssm, X)
+    b, n, _ = X.shape
+    projected = np.einsum("pd,bjd->bpj", V, X)                  # column j is V x_j
+    alpha = np.zeros((b, n, n))
+    for i in range(n):
+        cols = i + 1 if causal else n
+        alpha[:, i, :cols] = (np.linalg.pinv(projected[:, :, :cols], rtol=1e-12) @ Y[:, i, :, None])[..., 0]
+    errors = ((Y - np.einsum("bij,bpj->bip", alpha, projected)) ** 2).sum(axis=2)
+    return errors, Y, alpha
+
+
+def span_distances(Y: np.ndarray, X: np.ndarray, V: np.ndarray | None = None, rtol: float = 1e-10) -> np.ndarray:
+    """dist(y_i, V S_i)², S_i = span{x_1..x_i}: the least squared error of a causal single head at i.
+
+    {prf:ref}`prop-single-head-generic-inputs` (1): Σ_{j<=i} α_ij V x_j ranges over V S_i. By
+    Gram–Schmidt (twice) on V x_1, V x_2, … in turn, no least squares; V x_i joins the basis only
+    when its residual exceeds rtol ‖V x_i‖. Y (b, n, p), X (b, n, d), V (p, d) (None: the
+    identity); returns (b, n).
+    """
+    VX = X if V is None else X @ V.T
+    b, n, p = VX.shape
+    Q = np.zeros((b, p, n))                                     # column j: unit direction or 0
+    distances = np.empty((b, n))
+    for i in range(n):
+        v = VX[:, i]
+        for _ in range(2):                                      # twice is enough (Kahan)
+            v = v - np.einsum("bpj,bj->bp", Q[:, :, :i], np.einsum("bpj,bp->bj", Q[:, :, :i], v))
+        norm, scale = np.linalg.norm(v, axis=1), np.linalg.norm(VX[:, i], axis=1)
+        keep = (norm > rtol * scale) & (scale > 0)
+        Q[:, :, i] = np.where(keep[:, None], v / np.where(keep, norm, 1.0)[:, None], 0.0)
+        basis = Q[:, :, : i + 1]
+        residual = Y[:, i] - np.einsum("bpj,bj->bp", basis, np.einsum("bpj,bp->bj", basis, Y[:, i]))
+        distances[:, i] = (residual ** 2).sum(1)
+    return distances

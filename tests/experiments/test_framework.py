@@ -1,0 +1,192 @@
+"""experiments.framework: the zoo against the numpy formulas, and the chapter's tables and checks.
+
+Every instance of `lib.architecture_zoo` (here at another size and seed), plus a non-causal
+linear attention the zoo lacks, against the page's formulas in the `reference` package (numpy,
+independent of lib): operator, forward pass and the identity on adversarial input families,
+interaction ranks where the page claims them. The table builders and checks must pass on lib
+and fail on a planted wrong model.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+from experiments import framework as fw
+from lib import LinearAttention, LinearSSM, architecture_zoo, interaction_rank
+
+ZOO = architecture_zoo(d=4, p=4, heads=2, state=4, seed=7)
+ALL = ZOO + [("linear attention (2 heads, non-causal)", "prop-linear-attention",
+              LinearAttention.random(4, 4, 2, causal=False, seed=30))]
+IDS = [name for name, _, _ in ALL]
+[DENSE] = [a for a in ZOO if a[1] == "prop-dense"]
+[LTI] = [a for a in ZOO if a[1] == "prop-lti-ssm"]
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return np.random.default_rng(11).standard_normal((8, 10, 4))
+
+
+@pytest.mark.parametrize("arch", ALL, ids=IDS)
+def test_every_architecture_matches_the_reference_formulas_on_adversarial_inputs(arch):
+    families = ref.input_families(8, 4, np.random.default_rng(3), batch=2)
+    errors = {family: fw.agreement(arch[2], X) for family, X in families.items()}
+    assert max(max(e.values()) for e in errors.values()) <= fw.TOLERANCE, errors
+
+
+@pytest.mark.parametrize("arch", ALL, ids=IDS)
+def test_causality_and_input_dependence_are_as_the_proposition_says(arch, inputs):
+    name, label, model = arch
+    with torch.no_grad():
+        W = model.operator(torch.from_numpy(inputs[:4])).numpy()
+    upper = W[:, *np.triu_indices(10, 1)]
+    assert (np.abs(upper).max() == 0) == model.causal == ("non-causal" not in name)
+    changes = [np.linalg.norm(w - W[0]) / np.linalg.norm(W[0]) for w in W[1:]]
+    assert (max(changes) > 1e-8) == fw.zoo_claims(label, model, 10)[0]
+
+
+@pytest.mark.parametrize("arch", ALL, ids=IDS)
+def test_interaction_rank_is_what_the_proposition_says(arch, inputs):
+    # "=": the page's exact value, in numpy from the parameters (and the inputs, for the ReLU
+    # layer's patterns and linear attention's weights); "≤": a bound, checked as one.
+    name, label, model = arch
+    relation, value, _ = fw.predicted_rank(model, inputs)
+    rank = interaction_rank(model, inputs)
+    assert rank == value if relation == "=" else rank <= value
+    _, claimed, exact = fw.zoo_claims(label, model, 10)
+    assert relation == "=" or not exact                     # the zoo never claims more than the page
+    if exact:                                               # lib's spans against numpy's ranks
+        assert (relation, value) == ("=", claimed)
+
+
+def test_which_ranks_the_chapter_claims_exactly():
+    # Exact for ten of the twelve instances; the Elman RNN and the KAN layer carry bounds only.
+    inputs = np.random.default_rng(0).standard_normal((8, 10, 4))
+    relations = {name: fw.predicted_rank(model, inputs)[0] for name, _, model in ZOO}
+    assert {name for name, r in relations.items() if r == "≤"} == {"Elman RNN (tanh)", "KAN layer"}
+
+
+def test_lti_ssm_rank_is_k_from_an_independent_lag_computation():
+    A, B, C = (getattr(LTI[2], name).numpy(force=True) for name in "ABC")
+    lags = np.stack([C @ np.linalg.matrix_power(A, ell) @ B for ell in range(10)])
+    sigma = np.linalg.svd(lags.reshape(10, -1), compute_uv=False)
+    assert fw.zoo_claims(LTI[1], LTI[2], 10)[1:] == (int((sigma > 1e-10 * sigma[0]).sum()), True) == (4, True)
+
+
+def test_operator_norms_are_the_block_norms_of_the_formula(inputs):
+    for _, _, model in ALL:
+        expected = np.linalg.norm(fw.operator(model, inputs[0]), axis=(2, 3))
+        np.testing.assert_allclose(fw.operator_norms(model, inputs[0]), expected, rtol=1e-9, atol=1e-14)
+
+
+# -- the notebook's tables and checks: they must be able to fail ---------------------------------
+
+
+class Planted(LinearSSM):
+    """lib's LTI SSM of the zoo with its operator or forward pass off by a factor."""
+
+    def __init__(self, operator_factor=1.0, forward_factor=1.0):
+        super().__init__(*(getattr(LTI[2], name).detach() for name in "ABC"))
+        self.factors = operator_factor, forward_factor
+
+    def operator(self, X):
+        return self.factors[0] * super().operator(X)
+
+    def forward(self, X):
+        return self.factors[1] * super().forward(X)
+
+
+def lti_checks(ssm, lti_rank=4):
+    zoo = [DENSE, (LTI[0], LTI[1], ssm)]
+    families = ref.input_families(10, 4, np.random.default_rng(5), batch=2)
+    inputs = np.random.default_rng(6).standard_normal((4, 10, 4))
+    ranks = fw.rank_rows(zoo, {DENSE[0]: 1, LTI[0]: lti_rank}, inputs)
+    return {label: (value, tol) for label, value, tol, _ in
+            fw.proposition_checks(fw.agreement_rows(zoo, families), ranks)}
+
+
+def test_proposition_checks_pass_on_the_zoo_and_report_the_real_tolerance():
+    checks = lti_checks(Planted())
+    assert set(checks) == {"prop-dense", "prop-lti-ssm"}
+    for value, tol in checks.values():
+        assert value <= tol == 1e-10
+
+
+@pytest.mark.parametrize("fault", [{"operator_factor": 1.001}, {"forward_factor": 1 + 1e-9}])
+def test_proposition_checks_fail_on_a_planted_error(fault):
+    checks = lti_checks(Planted(**fault))
+    assert checks["prop-lti-ssm"][0] > checks["prop-lti-ssm"][1]
+    assert checks["prop-dense"][0] <= 1e-10
+
+
+def test_proposition_checks_fail_on_a_missed_rank():
+    value, tol = lti_checks(Planted(), lti_rank=3)["prop-lti-ssm"]
+    assert value >= 1 > tol
+
+
+def test_worst_row_is_relative_to_each_rows_tolerance():
+    rows = [{"largest": 1e-9, "tolerance": 1e-8}, {"largest": 1e-10, "tolerance": 1e-10}]
+    assert fw.worst_row(rows) is rows[1]
+
+
+def test_prop_structured_dynamics_rows_fail_on_a_planted_error():
+    families = {"random": np.random.default_rng(8).standard_normal((2, 6, 4))}
+    recurrent = [a for a in ZOO if a[1] in ("prop-rnn", "prop-lti-ssm", "prop-selective-ssm", "prop-ssd")]
+    rows = fw.structured_rows(recurrent, families, [(2, 3, 2)], np.random.default_rng(9))
+    assert [r["inputs"] for r in rows] == ["impulses"] + ["random"] * 5
+    assert all(r["error"] <= r["tolerance"] for r in rows)
+    planted = fw.structured_rows([("ssm", "", Planted(1 + 1e-8))], families, [], np.random.default_rng(9))
+    assert fw.worst_row(planted, "error")["error"] > 1e-10
+
+
+def test_prop_discretisation_rows_pass_for_lib_and_fail_on_a_wrong_step():
+    systems = ref.continuous_systems(3, 2, 2, np.random.default_rng(4), hurwitz=1, singular=1)
+    steps = [1e-2, 0.5]
+    value, _ = fw.discretisation_check(fw.discretisation_rows(LinearSSM.from_continuous, systems, steps))
+    assert value <= 1e-12
+
+    def off(A_c, B_c, C, step, method):
+        return LinearSSM.from_continuous(A_c, B_c, C, step * (1 + 1e-9), method=method)
+
+    def off_B(A_c, B_c, C, step, method):
+        model = LinearSSM.from_continuous(A_c, B_c, C, step, method=method)
+        return LinearSSM(model.A.detach(), model.B.detach() * (1 + 1e-9), model.C.detach())
+
+    def off_radius(A_c, B_c, C, step, method):
+        model = LinearSSM.from_continuous(A_c, B_c, C, step, method=method)
+        return SimpleNamespace(A=model.A, B=model.B, spectral_radius=model.spectral_radius * (1 + 1e-9))
+
+    for wrong in (off, off_B, off_radius):
+        assert fw.discretisation_check(fw.discretisation_rows(wrong, systems, steps))[0] > 1e-12
+
+
+def test_prop_discretisation_check_counts_unstable_hurwitz_systems():
+    row = {"system": "Hurwitz 1", "Ā error": 0.0, "B̄ error": 0.0, "ρ(Ā)": 1.0, "ρ mapped": 1.0}
+    assert fw.discretisation_check([row])[0] == 1
+    assert fw.discretisation_check([{**row, "system": "zero 1"}])[0] == 0
+
+
+def test_prop_factorized_rank_rows_hold_for_the_zoo(inputs):
+    factorized = [a for a in ALL if a[1] in ("prop-dense", "prop-ssd", "prop-softmax-attention",
+                                             "prop-linear-attention")]
+    inputs = inputs[:3]
+    measured = {name: interaction_rank(model, inputs) for name, _, model in factorized}
+    rows = fw.factorized_rank_rows(factorized, measured, inputs)
+    assert [r["heads H"] for r in rows] == [1, 1, 2, 1, 2, 2, 2]
+    assert all(r["dim span{V_h}"] == r["heads H"] for r in rows)
+    assert fw.factorized_rank_misses(rows) == 0
+    assert fw.factorized_rank_misses(fw.factorized_rank_rows(factorized, {**measured, DENSE[0]: 2}, inputs)) == 1
+
+
+def test_prop_factorized_rank_misses_are_counted():
+    row = {"heads H": 2, "dim span{V_h}": 2, "dim span{α_ij(X)}": 2, "measured": 2}
+    assert fw.factorized_rank_misses([row]) == 0
+    assert fw.factorized_rank_misses([{**row, "measured": 1}]) == 1        # independent V_h: must equal
+    assert fw.factorized_rank_misses([{**row, "dim span{V_h}": 1, "measured": 1}]) == 0  # dependent: ≤ only
+    assert fw.factorized_rank_misses([{**row, "dim span{α_ij(X)}": 3, "measured": 3}]) == 1  # above H
+
