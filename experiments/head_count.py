@@ -33,14 +33,14 @@ def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
 def minimal_polynomial_degree(A: np.ndarray, rtol: float = 1e-10) -> int:
     """m_A, the degree of the minimal polynomial of A (N, N) ({prf:ref}`prop-lag-span-bound`).
 
-    dim span{I, A, …, A^N} (A first divided by its largest absolute entry); 1 for A = 0.
+    dim span{I, A, …, A^N} (A first divided by its largest absolute entry).
     """
     scale = np.abs(A).max()
     A = A / scale if scale > 0 else A
     powers = [np.eye(len(A))]
     for _ in range(len(A)):
         powers.append(powers[-1] @ A)
-    return max(1, operator_span(np.stack(powers), rtol).dim)
+    return operator_span(np.stack(powers), rtol).dim
 
 
 def lag_span_bound(ssm: Any, n: int) -> int:
@@ -394,7 +394,7 @@ def continuous_head_errors(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: f
 
 # -- training: error against head count ---------------------------------------------------------
 
-MODEL_NAMES = {"factorized": "factorized (trained)", "softmax": "softmax attention (trained)"}
+_MODEL_NAMES = {"factorized": "factorized (trained)", "softmax": "softmax attention (trained)"}
 
 
 def train_students(teachers: Sequence[Any], n: int, heads: Iterable[int] | Callable[[int], Iterable[int]],
@@ -422,7 +422,7 @@ def train_students(teachers: Sequence[Any], n: int, heads: Iterable[int] | Calla
                         for H, s in plan]
         results = imitate(students, teacher, seed=seed, **budget)
         for (H, s), (error, _) in zip(plan, results):
-            rows.append({"k": k, "H": H, "model": MODEL_NAMES[model], "seed": seed + s, "error": error,
+            rows.append({"k": k, "H": H, "model": _MODEL_NAMES[model], "seed": seed + s, "error": error,
                          "optimum": float(optimum[H]), "energy": float(optimum[0]),
                          "relative squared error": error / float(optimum[0])})
     return rows
