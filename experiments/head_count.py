@@ -1,0 +1,428 @@
+"""The head-count chapter's experiments: bounds on k, the map-level construction, heads needed, training.
+
+Sections follow {ref}`chap-head-count`: the lag span dimension k ({prf:ref}`prop-lag-span-bound`,
+{prf:ref}`prop-modal-lag-span`) and Monte Carlo errors of the truncated models; heads with
+token-dependent coefficients and the nonsingular value families of the map-level count
+({prf:ref}`thm-map-level-head-count`); the lag bound and the continuous limit of the heads
+needed; the training sweep. Models are lib's (tensors in, tensors out); value families,
+tokens and matrices here are float64 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, factorized_operator, imitate, min_heads,
+                 operator_span, optimal_head_errors, truncated_heads)
+from lib.base import batched
+
+
+def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
+    # tails[H] = Σ_{r>=H} squares[r], H = 0..H_max, summed from the smallest up (small tails keep their digits).
+    squares = np.concatenate([squares, np.zeros(max(0, H_max + 1 - len(squares)))])
+    return np.concatenate([np.cumsum(squares[::-1])[::-1], [0.0]])[: H_max + 1]
+
+
+# -- the lag span dimension k -------------------------------------------------------------------
+
+
+def minimal_polynomial_degree(A: np.ndarray, rtol: float = 1e-10) -> int:
+    """m_A, the degree of the minimal polynomial of A (N, N) ({prf:ref}`prop-lag-span-bound`).
+
+    dim span{I, A, …, A^N} (A first divided by its largest absolute entry).
+    """
+    scale = np.abs(A).max()
+    A = A / scale if scale > 0 else A
+    powers = [np.eye(len(A))]
+    for _ in range(len(A)):
+        powers.append(powers[-1] @ A)
+    return operator_span(np.stack(powers), rtol).dim
+
+
+def lag_span_bound(ssm: Any, n: int) -> int:
+    """min(m_A, n, p·d), the bound on k of {prf:ref}`prop-lag-span-bound`, for a LinearSSM."""
+    return min(minimal_polynomial_degree(ssm.A.numpy(force=True)), n, ssm.p * ssm.d)
+
+
+def residues(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Modes μ (N,) and residues R_m = C v_m w_mᵀ B (N, p, d), complex, for A = Σ_m μ_m v_m w_mᵀ.
+
+    So that C A^ℓ B = Σ_m μ_m^ℓ R_m. ValueError unless A is diagonalisable (eigenvector
+    condition number <= 1e8) with distinct eigenvalues (gaps > 1e-8 · max(1, max|μ|)).
+    """
+    mu, R = np.linalg.eig(A)
+    if np.linalg.cond(R) > 1e8:
+        raise ValueError(f"A is too far from diagonalisable for the modal route "
+                         f"(eigenvector condition number {np.linalg.cond(R):.2e})")
+    gaps = np.abs(mu[:, None] - mu[None, :])
+    np.fill_diagonal(gaps, np.inf)
+    if len(mu) > 1 and gaps.min() <= 1e-8 * max(1.0, np.abs(mu).max()):
+        raise ValueError(f"A has (nearly) repeated eigenvalues (smallest gap {gaps.min():.2e}); "
+                         "the modal route needs distinct ones")
+    return mu, np.einsum("pm,md->mpd", C @ R, np.linalg.inv(R) @ B)
+
+
+def modal_lag_span_dimension(ssm: Any, rtol: float = 1e-10) -> int:
+    """k_n for every n >= N from the modes of a LinearSSM: dim span{R_m} ({prf:ref}`prop-modal-lag-span`).
+
+    The real span of the residues is that of {Re R_m, Im R_m} (they come in conjugate pairs).
+    No powers μ^ℓ enter, so lags that decay below rounding do not blur the rank: at n = 1024
+    and ρ = 0.5 an S4D SSM with N = 32 has `min_heads` 30 but k = 32. ValueError as `residues`.
+    """
+    _, R = residues(*(m.numpy(force=True) for m in (ssm.A, ssm.B, ssm.C)))
+    return operator_span(np.concatenate([R.real, R.imag]), rtol).dim
+
+
+def sampled_head_errors(ssm: Any, n: int, heads: Iterable[int], samples: int, *, tokens: str = "gaussian",
+                        seed: Any = 0, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Monte Carlo Σ_i E‖y_i − ŷ_i‖² of `truncated_heads(ssm, n, H)` for H in heads: (mean, standard error).
+
+    `samples` sequences of iid N(0, 1) ("gaussian") or ±1 ("rademacher") entries (default_rng(seed),
+    `chunk` at a time), the same for every H, so E[x_j x_j'ᵀ] = δ_jj' I
+    ({prf:ref}`thm-approx-head-count`). Both results have shape (len(heads),).
+    """
+    models = [truncated_heads(ssm, n, H) for H in heads]
+    rng = np.random.default_rng(seed)
+    errors = np.empty((len(models), samples))
+    for start in range(0, samples, chunk):
+        shape = (min(chunk, samples - start), n, ssm.d)
+        X = rng.standard_normal(shape) if tokens == "gaussian" else rng.choice([-1.0, 1.0], size=shape)
+        X = torch.from_numpy(X)
+        with torch.no_grad():
+            Y = ssm(X)
+            for r, model in enumerate(models):
+                errors[r, start:start + len(X)] = ((Y - model(X)) ** 2).sum((1, 2)).numpy()
+    return errors.mean(axis=1), errors.std(axis=1, ddof=1) / math.sqrt(samples)
+
+
+# -- the map level: heads with token-dependent coefficients -------------------------------------
+
+
+class TokenDependentHeads(SequenceMap):
+    """H heads with value maps V (H, p, d) and token-dependent coefficients that compute an LTI map.
+
+    The sufficiency half of {prf:ref}`thm-map-level-head-count` ((I, J) for p = d = 2:
+    {prf:ref}`prop-map-level-two-heads`). With B(u) = [V_1 u, …, V_H u] of rank p, a_ℓ(u) is
+    the least-norm solution of B(u) a = L_ℓ u (QR of B(u)ᵀ; errors grow with cond B(u)) and
+    α^h_ij(X) = a^h_{i−j}(x_j) for j <= i (0 for j > i and for x_j = 0), so that
+    Σ_h V_h Σ_j α^h_ij(X) x_j = Σ_{j<=i} L_{i−j} x_j on every X, with interaction rank <= H.
+    V defaults to `nonsingular_values(p, d)`; the ssm (with `lags`) is a submodule.
+    """
+
+    def __init__(self, ssm: Any, values: Any = None) -> None:
+        super().__init__()
+        self.ssm = ssm
+        V = nonsingular_values(ssm.p, ssm.d) if values is None else values
+        self.H = self.set_parameters(ssm.dtype, {"p": ssm.p, "d": ssm.d}, V=(V, "H p d"))["H"]
+        self.d, self.p = ssm.d, ssm.p
+
+    def values(self) -> torch.Tensor:
+        """V_h, shape (H, p, d)."""
+        return self.V
+
+    @batched
+    def coefficients(self, X: torch.Tensor) -> torch.Tensor:
+        """α^h_ij(X), shape (b, H, n, n). ValueError if B(x_j) has rank < p at a token x_j ≠ 0."""
+        n, device = X.shape[1], X.device
+        targets = torch.einsum("lpd,bjd->bjpl", self.ssm.lags(n), X)  # L_ℓ x_j, (b, j, p, ℓ)
+        B = torch.einsum("hpd,bjd->bjph", self.V, X)                   # B(x_j), (b, j, p, H)
+        nonzero = (X != 0).any(-1)[..., None, None]
+        B = torch.where(nonzero, B, torch.eye(self.p, self.H, dtype=X.dtype, device=device))
+        Q, R = torch.linalg.qr(B.transpose(-1, -2))                    # B(x)ᵀ = QR
+        scale = torch.linalg.matrix_norm(B, ord=2)[..., None]
+        if bool((R.diagonal(dim1=-2, dim2=-1).abs() <= 1e-13 * scale).any()):
+            raise ValueError("values must span R^p at every non-zero token: [V_1 x, ..., V_H x] has rank < p "
+                             "at a token of this input (use a nonsingular family, e.g. nonsingular_values)")
+        a = torch.where(nonzero, Q @ torch.linalg.solve_triangular(R.transpose(-1, -2), targets, upper=False), 0.0)
+        lag = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)  # i − j
+        alpha = a.permute(0, 2, 1, 3)[:, :, torch.arange(n, device=device).expand(n, n), lag.clamp(min=0)]
+        return torch.where(lag >= 0, alpha, 0.0)
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        mixed = torch.einsum("bhij,bjd->bhid", self.coefficients(X), X)
+        return torch.einsum("hpd,bhid->bip", self.V, mixed)
+
+    @batched
+    def operator(self, X: torch.Tensor) -> torch.Tensor:
+        return factorized_operator(self.coefficients(X), self.V)
+
+
+# -- nonsingular value families ({prf:ref}`prop-nonsingular-families`) ---------------------------
+
+
+def polynomial_values(p: int, d: int) -> np.ndarray:
+    """(V_h)_ab = 1[a + b = h], shape (p + d − 1, p, d): yᵀ V_h u is the t^h coefficient of y(t)u(t)."""
+    a, b = np.meshgrid(np.arange(p), np.arange(d), indexing="ij")
+    return (a + b == np.arange(p + d - 1)[:, None, None]).astype(np.float64)
+
+
+def complex_values(p: int, d: int) -> np.ndarray:
+    """The complex structure for p = 2 or d = 2: shape (m, p, d), m = 2⌈max(p, d)/2⌉.
+
+    For p = 2, (V_h)_0b = δ_hb and (V_h)_1b = J_hb, J the 90° rotation of each coordinate pair
+    of ℝ^m, so B(u) has orthogonal rows of norm ‖u‖; for d = 2 the transposed family of (2, p).
+    """
+    if p != 2:
+        return complex_values(2, p).transpose(0, 2, 1)
+    m = d + d % 2
+    V = np.zeros((m, 2, d))
+    V[:, 0, :] = np.eye(m)[:, :d]
+    V[:, 1, :] = np.kron(np.eye(m // 2), [[0.0, -1.0], [1.0, 0.0]])[:, :d]
+    return V
+
+
+def _cd_product(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Cayley–Dickson doubling (a, b)(c, d) = (ac − d̄b, da + bc̄), x̄ = (x_0, −x_1, …): ℝ, ℂ, ℍ, 𝕆 for m = 1, 2, 4, 8.
+    if len(x) == 1:
+        return x * y
+    h, bar = len(x) // 2, lambda v: np.concatenate([v[:1], -v[1:]])
+    a, b, c, d = x[:h], x[h:], y[:h], y[h:]
+    return np.concatenate([_cd_product(a, c) - _cd_product(bar(d), b),
+                           _cd_product(d, a) + _cd_product(b, bar(c))])
+
+
+def cayley_dickson_values(p: int, d: int) -> np.ndarray:
+    """Left multiplication by e_h in ℝ, ℂ, ℍ or 𝕆 cut to p × d: (V_h)_ab = (e_h e_b)_a, shape (m, p, d).
+
+    m is the least of 1, 2, 4, 8 that is >= max(p, d) (p, d <= 8); entries 0, ±1. For p = d = 2
+    the family is (I, J) of {prf:ref}`prop-map-level-two-heads`.
+    """
+    m = next(size for size in (1, 2, 4, 8) if size >= max(p, d))
+    basis = np.eye(m)
+    table = np.stack([np.stack([_cd_product(basis[h], basis[b]) for b in range(m)], axis=1) for h in range(m)])
+    return table[:, :p, :d]
+
+
+def nonsingular_values(p: int, d: int) -> np.ndarray:
+    """The family with the fewest heads among Cayley–Dickson, complex and polynomial (ties in that order).
+
+    Its size bounds ν(p, d) from above ({prf:ref}`thm-map-level-head-count`); p = d = 2 gives (I, J).
+    """
+    candidates = [cayley_dickson_values(p, d)] if max(p, d) <= 8 else []
+    if 2 in (p, d):
+        candidates.append(complex_values(p, d))
+    return min(candidates + [polynomial_values(p, d)], key=len)
+
+
+def nonsingular_dimension_bounds(p: int, d: int) -> tuple[int, int]:
+    """(lower, upper) bounds on ν(p, d), the least size of a nonsingular family.
+
+    lower = max(p, d), plus 1 when max(p, d) is odd and min(p, d) >= 2 ({prf:ref}`lem-odd-nonsingular`);
+    upper = len(nonsingular_values(p, d)).
+    """
+    big, small = max(p, d), min(p, d)
+    return big + (1 if big % 2 and small >= 2 else 0), len(nonsingular_values(p, d))
+
+
+def composition_defect(values: np.ndarray) -> float:
+    """max |S_aa'bb' + S_aa'b'b − 2 δ_aa' δ_bb'| with S_aa'bb' = Σ_h (V_h)_ab (V_h)_a'b', for V (H, p, d).
+
+    0 exactly when B(u)B(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves a
+    family norm-preserving, hence nonsingular with cond B(u) = 1.
+    """
+    S = np.einsum("hab,hce->acbe", values, values)  # S[a, a', b, b']
+    p, d = values.shape[1:]
+    target = 2.0 * np.einsum("ac,be->acbe", np.eye(p), np.eye(d))
+    return float(np.abs(S + S.transpose(0, 1, 3, 2) - target).max())
+
+
+def token_matrix(values: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """B(u) = [V_1 u, …, V_H u] for V (H, p, d) and tokens u (..., d): shape (..., p, H).
+
+    A family is nonsingular when B(u) has rank p at every u ≠ 0.
+    """
+    return np.einsum("hpd,...d->...ph", values, tokens)
+
+
+def worst_conditioned_tokens(values: np.ndarray, samples: int = 20_000, keep: int = 3, *,
+                             seed: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The `keep` tokens (keep, d) with the largest cond B(u) = σ_1/σ_p (inf below rank p), worst first,
+    and their condition numbers (keep,): a search, not a bound.
+
+    Candidates: `samples` Gaussian tokens (default_rng(seed)), the basis vectors, (1, …, 1),
+    (1, −1, …) and the binomial coefficients of (1 + t)^{d−1} (roots on the unit circle, the
+    worst case of polynomial multiplication).
+    """
+    d = values.shape[2]
+    structured = np.concatenate([np.eye(d), [np.ones(d), (-1.0) ** np.arange(d),
+                                             [math.comb(d - 1, b) for b in range(d)]]])
+    tokens = np.concatenate([np.random.default_rng(seed).standard_normal((samples, d)), structured])
+    sigma = np.linalg.svd(token_matrix(values, tokens), compute_uv=False)[:, : values.shape[1]]
+    with np.errstate(divide="ignore"):
+        condition = np.where(sigma[:, -1] > 0, sigma[:, 0] / sigma[:, -1], np.inf)
+    order = np.argsort(-condition)[:keep]
+    return tokens[order], condition[order]
+
+
+def pointwise_lag_rank(ssm: Any, n: int, token: np.ndarray, rtol: float = 1e-10) -> int:
+    """dim span{L_0 u, …, L_{n−1} u} for a token u (d,): r* of {prf:ref}`thm-map-level-head-count` at u.
+
+    Maximal for almost every u.
+    """
+    outputs = ssm.lags(n).numpy(force=True) @ token  # L_ℓ u, (n, p)
+    return operator_span(outputs[:, :, None], rtol).dim
+
+
+def map_head_bounds(ssm: Any, n: int, *, seed: Any = 0, rtol: float = 1e-10) -> tuple[int, int, int]:
+    """(k, lower, upper) with lower <= H_map <= upper for a LinearSSM ({prf:ref}`def-map-head-count`).
+
+    k: `modal_lag_span_dimension` when n >= N and A has distinct eigenvalues, else `min_heads`.
+    lower: r* = `pointwise_lag_rank` at one Gaussian token (default_rng(seed); the maximum with
+    probability 1), raised to the lower bound of ν(p, d) when k = pd (then K_n(u) has rank p at
+    every u ≠ 0); upper: min(k, len(nonsingular_values(p, d))) ({prf:ref}`thm-map-level-head-count`).
+    """
+    try:
+        k = modal_lag_span_dimension(ssm, rtol) if n >= ssm.N else min_heads(ssm, n, rtol)
+    except ValueError:  # repeated eigenvalues, or far from diagonalisable
+        k = min_heads(ssm, n, rtol)
+    r = pointwise_lag_rank(ssm, n, np.random.default_rng(seed).standard_normal(ssm.d), rtol)
+    nu_lower, nu_upper = nonsingular_dimension_bounds(ssm.p, ssm.d)
+    return k, max(r, nu_lower) if k == ssm.p * ssm.d else r, min(k, nu_upper)
+
+
+def _bisect_singular(V: np.ndarray, u0: np.ndarray, direction: np.ndarray | None) -> np.ndarray:
+    # Square B(u) (H = p odd): det B(−u) = −det B(u), so det changes sign on the half circle
+    # cos θ u_0 + sin θ w, θ ∈ [0, π]; bisection finds a unit u with det B(u) = 0 to rounding.
+    w = np.eye(len(u0))[np.argmin(np.abs(u0))] if direction is None else direction
+    w = w - (w @ u0) * u0
+    w /= np.linalg.norm(w)
+
+    def point(theta: float) -> np.ndarray:
+        return math.cos(theta) * u0 + math.sin(theta) * w
+
+    def det(theta: float) -> float:
+        return float(np.linalg.det(token_matrix(V, point(theta))))
+
+    low, high, f_low = 0.0, math.pi, det(0.0)
+    if f_low == 0.0:
+        return u0
+    middle = 0.5 * (low + high)
+    while middle not in (low, high) and (f_middle := det(middle)) != 0.0:
+        if (f_middle > 0) == (f_low > 0):
+            low, f_low = middle, f_middle
+        else:
+            high = middle
+        middle = 0.5 * (low + high)
+    return point(middle)
+
+
+def singular_token(values: np.ndarray, start: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
+    """A unit token u (d,) with rank [V_1 u, …, V_H u] < p ({prf:ref}`lem-odd-nonsingular`), for V (H, p, d).
+
+    It exists when H < max(p, d), or H = max(p, d) odd and min(p, d) >= 2:
+    - H < p: u = start; H < d: u ⟂ the rows yᵀ V_h for y = start, so y ⟂ every V_h u;
+    - H = p odd, d >= 2: bisection on det B(u), an odd form, along the half great circle from
+      u_0 = start towards `direction` (default: the basis vector least aligned with start);
+    - H = d odd, p >= 2: the same for the family V_hᵀ gives y, then u as for H < d.
+    start (non-zero): shape (d,) when H <= p, else (p,); direction: the shape of start.
+    """
+    H, p, d = values.shape
+    if H < p or (H == p and p % 2 == 1 and d >= 2):
+        u0 = start / np.linalg.norm(start)
+        return u0 if H < p else _bisect_singular(values, u0, direction)
+    if H < d or (H == d and d % 2 == 1 and p >= 2):
+        y = start / np.linalg.norm(start)
+        if H == d:
+            y = _bisect_singular(values.transpose(0, 2, 1).copy(), y, direction)
+        u = np.linalg.svd(np.einsum("a,hab->hb", y, values))[2][-1]  # the null vector of the rows yᵀ V_h
+        return u / np.linalg.norm(u)
+    raise ValueError(f"values of shape {values.shape} need H < max(p, d), or H = p odd with d >= 2, or "
+                     "H = d odd with p >= 2, for a rank-deficient token to be guaranteed")
+
+
+def token_miss(ssm: Any, n: int, values: np.ndarray, token: np.ndarray, rtol: float = 1e-10) -> float:
+    """The least relative error of heads with values V (H, p, d) on the input (u, 0, …, 0), in [0, 1].
+
+    √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass and
+    range B(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the quantity the
+    necessity half of {prf:ref}`thm-map-level-head-count` bounds below.
+    """
+    X = np.zeros((n, ssm.d))
+    X[0] = token
+    with torch.no_grad():
+        K = ssm(torch.from_numpy(X)).numpy().T  # L_ℓ u, (p, n)
+    left, sigma, _ = np.linalg.svd(token_matrix(values, token), full_matrices=False)
+    rank = int((sigma > rtol * np.linalg.norm(values) * np.linalg.norm(token)).sum())
+    residual = K - left[:, :rank] @ (left[:, :rank].T @ K)
+    total = float((K ** 2).sum())
+    return float(np.sqrt((residual ** 2).sum() / total)) if total > 0 else 0.0
+
+
+# -- heads needed: the lag bound and the continuous limit ---------------------------------------
+
+
+def lag_energy_count(ssm: Any, n: int, eps: float) -> int:
+    """L_ε, the least L with Σ_{ℓ>=L} (n−ℓ)‖L_ℓ‖²_F <= eps Σ_ℓ (n−ℓ)‖L_ℓ‖²_F (0 if every lag vanishes).
+
+    The bound `heads_needed` <= L_ε of {prf:ref}`prop-heads-needed-lag-bound`, from the lag norms alone.
+    """
+    weighted = ssm.lags(n).numpy(force=True).reshape(n, -1) * np.sqrt(np.arange(n, 0, -1.0))[:, None]
+    tails = _tails((weighted ** 2).sum(axis=1), n)
+    return int(np.argmax(tails <= eps * tails[0]))
+
+
+def _phi2(z: np.ndarray) -> np.ndarray:
+    # (e^z − 1 − z)/z², with its Taylor series near 0 (no cancellation).
+    out = np.empty_like(z)
+    small = np.abs(z) < 1e-2
+    zs, zb = z[small], z[~small]
+    out[small] = 0.5 + zs / 6 + zs ** 2 / 24 + zs ** 3 / 120 + zs ** 4 / 720
+    out[~small] = (np.expm1(zb) - zb) / zb ** 2
+    return out
+
+
+def continuous_head_errors(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float, H_max: int) -> np.ndarray:
+    """Σ_{q>H} λ_q(Γ_T), H = 0..H_max: the continuous-time limit of the least errors of H heads.
+
+    Γ_T = ∫_0^T (1 − t/T) vec K(t) vec K(t)ᵀ dt for K(t) = C e^{t A_c} B_c; for ZOH with step
+    Δ = T/n, GᵀG/(nΔ) → Γ_T ({prf:ref}`prop-heads-needed-continuous-limit`). Closed form from the
+    `residues` R_m of A_c: Γ_T = Σ_{m,m'} φ_T(μ_m + μ̄_m') vec R_m vec R̄_m'ᵀ with
+    φ_T(a) = T (e^{aT} − 1 − aT)/(aT)². A_c (N, N), B_c (N, d), C (p, N); entry 0 is trace Γ_T,
+    tails below ~1e-13 of it are not resolved.
+    """
+    mu, R = residues(A_c, B_c, C)
+    R = R.reshape(len(mu), -1)
+    gamma = R.T @ (T * _phi2((mu[:, None] + mu.conj()[None, :]) * T)) @ R.conj()
+    eigenvalues = np.clip(np.linalg.eigvalsh(((gamma + gamma.conj().T) / 2).real)[::-1], 0.0, None)
+    return _tails(eigenvalues, H_max)
+
+
+# -- training: error against head count ---------------------------------------------------------
+
+_MODEL_NAMES = {"factorized": "factorized (trained)", "softmax": "softmax attention (trained)"}
+
+
+def train_students(teachers: Sequence[Any], n: int, heads: Iterable[int] | Callable[[int], Iterable[int]],
+                   *, model: str = "factorized", seeds: int = 1, seed: int = 0, **budget: Any) -> list[dict]:
+    """Train students with H heads to imitate each teacher (`lib.imitate`); one row per student.
+
+    The experiment of {prf:ref}`thm-approx-head-count` on length n: for each teacher (k =
+    `min_heads(teacher, n)` >= 1), H in `heads` (or `heads(k)`) and init seeds seed + s,
+    s < seeds, all trained on the batch stream of `seed` with one budget (imitate's steps,
+    batch, lr, final_lr, progress, device). "factorized": `RelativeHeads.random(H, n, d, p,
+    decay=1, scale=0.1)`, exact errors; "softmax": causal `SoftmaxAttention` with d_k = d_v = d
+    and zero position scores, held-out errors. Rows, teachers × heads × seeds: k, H, model,
+    seed, error, optimum (`optimal_head_errors`[H]), energy (the same at H = 0) and
+    "relative squared error" (error / energy).
+    """
+    rows = []
+    for teacher in teachers:
+        k, d, p = min_heads(teacher, n), teacher.d, teacher.p
+        plan = [(H, s) for H in (heads(k) if callable(heads) else heads) for s in range(seeds)]
+        optimum = optimal_head_errors(teacher, n, max(H for H, _ in plan))
+        if model == "factorized":
+            students = [RelativeHeads.random(H, n, d, p, decay=1.0, scale=0.1, seed=seed + s) for H, s in plan]
+        else:
+            students = [SoftmaxAttention.random(d, p, H, d_k=d, d_v=d, max_length=n, seed=seed + s)
+                        for H, s in plan]
+        results = imitate(students, teacher, seed=seed, **budget)
+        for (H, s), (error, _) in zip(plan, results):
+            rows.append({"k": k, "H": H, "model": _MODEL_NAMES[model], "seed": seed + s, "error": error,
+                         "optimum": float(optimum[H]), "energy": float(optimum[0]),
+                         "relative squared error": error / float(optimum[0])})
+    return rows

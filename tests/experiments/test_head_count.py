@@ -1,0 +1,679 @@
+"""The head-count chapter's experiments (experiments.head_count).
+
+Expected values come from independent routes: lags C A^ℓ B by numpy.linalg.matrix_power, ranks
+by numpy.linalg.matrix_rank, minimal-polynomial degrees from Krylov matrices, least squares by
+numpy.linalg.lstsq, Γ_T by quadrature, quaternions by Hamilton's table, polynomial products by
+numpy.polymul, students built from their documented draws and trained one at a time.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from experiments.head_count import (
+    TokenDependentHeads,
+    cayley_dickson_values,
+    complex_values,
+    composition_defect,
+    continuous_head_errors,
+    lag_energy_count,
+    lag_span_bound,
+    map_head_bounds,
+    minimal_polynomial_degree,
+    modal_lag_span_dimension,
+    nonsingular_dimension_bounds,
+    nonsingular_values,
+    pointwise_lag_rank,
+    polynomial_values,
+    sampled_head_errors,
+    singular_token,
+    token_matrix,
+    token_miss,
+    train_students,
+    worst_conditioned_tokens,
+)
+from lib import (
+    LinearSSM,
+    RelativeHeads,
+    SoftmaxAttention,
+    apply_operator,
+    heads_needed,
+    imitate,
+    interaction_rank,
+    min_heads,
+    optimal_head_errors,
+    population_error,
+    relative_error,
+    s4d_continuous,
+    s4d_ssm,
+)
+
+# -- independent references ---------------------------------------------------------------------
+
+
+def numpy_of(ssm):
+    return tuple(m.numpy(force=True) for m in (ssm.A, ssm.B, ssm.C))
+
+
+def lags_np(ssm, n):
+    """C A^ℓ B, ℓ = 0..n−1, shape (n, p, d), with explicit matrix powers."""
+    A, B, C = numpy_of(ssm)
+    return np.stack([C @ np.linalg.matrix_power(A, ell) @ B for ell in range(n)])
+
+
+def rank_np(M, rtol=1e-10):
+    sigma_max = np.linalg.norm(M, 2) if M.size else 0.0
+    return 0 if sigma_max == 0 else int(np.linalg.matrix_rank(M, tol=rtol * sigma_max))
+
+
+def minpoly_degree(A):
+    """deg of A's minimal polynomial = rank of the Krylov matrix [vec(I), vec(A), …, vec(A^N)]."""
+    K = np.stack([np.linalg.matrix_power(A, j).ravel() for j in range(len(A) + 1)], axis=1)
+    return int(np.linalg.matrix_rank(K, tol=1e-9 * np.linalg.norm(K, 2)))
+
+
+def ssm_from(A, B, C):
+    return LinearSSM(np.asarray(A, float), np.asarray(B, float), np.asarray(C, float))
+
+
+def _rng_ssm(N, d, p, seed, A):
+    rng = np.random.default_rng(seed)
+    return ssm_from(A, rng.standard_normal((N, d)), rng.standard_normal((p, N)))
+
+
+def _jordan(lam, N):
+    return lam * np.eye(N) + np.eye(N, k=1)
+
+
+def outputs(model, X):
+    """model(X) for a numpy X, as numpy."""
+    with torch.no_grad():
+        return model(torch.from_numpy(np.asarray(X, float))).numpy()
+
+
+ADVERSARIAL = {
+    "repeated eigenvalues": (_rng_ssm(4, 2, 2, 1, np.diag([0.5, 0.5, 0.5, -0.3])), 12),
+    "jordan block": (_rng_ssm(4, 2, 3, 2, _jordan(0.7, 4)), 12),
+    "N > pd": (_rng_ssm(10, 2, 2, 3, LinearSSM.random(10, 1, 1, spectral_radius=0.9, seed=3).A.numpy(force=True)), 16),
+    "n < N": (LinearSSM.random(8, 3, 3, seed=4), 3),
+    "nilpotent": (_rng_ssm(5, 2, 2, 5, np.eye(5, k=-1)), 12),
+    "B = 0 (k = 0)": (ssm_from(0.5 * np.eye(3), np.zeros((3, 2)), np.ones((2, 3))), 6),
+    "C = 0 (k = 0)": (ssm_from(0.5 * np.eye(3), np.ones((3, 2)), np.zeros((2, 3))), 6),
+    "p != d (1 x 4)": (LinearSSM.random(5, 4, 1, seed=6), 10),
+    "p != d (3 x 1)": (LinearSSM.random(5, 1, 3, seed=7), 10),
+    "N = 1": (LinearSSM.random(1, 2, 2, seed=8), 7),
+    "n = 1": (LinearSSM.random(4, 2, 2, seed=9), 1),
+    "damped rotation": (LinearSSM.damped_rotation(0.9, 0.7), 10),
+}
+
+
+# -- prop-lag-span-bound ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(ADVERSARIAL))
+def test_prop_lag_span_bound_on_adversarial_ssms(case):
+    ssm, n = ADVERSARIAL[case]
+    k = min_heads(ssm, n)
+    assert k == rank_np(lags_np(ssm, n).reshape(n, -1))
+    A = ssm.A.numpy(force=True)
+    assert lag_span_bound(ssm, n) == min(minpoly_degree(A), n, ssm.p * ssm.d) >= k
+
+
+def test_prop_lag_span_bound_is_attained_by_each_term():
+    # deg minpoly binds: repeated eigenvalue, N = 4 but minpoly degree 2.
+    ssm = _rng_ssm(4, 3, 3, 0, np.diag([0.6, 0.6, -0.4, -0.4]))
+    assert minpoly_degree(ssm.A.numpy(force=True)) == 2 and min_heads(ssm, 10) == 2 == lag_span_bound(ssm, 10)
+    # n binds: short sequences.
+    short = LinearSSM.random(6, 3, 3, seed=1)
+    assert min_heads(short, 2) == 2 == lag_span_bound(short, 2)
+    # pd binds: many states, small widths.
+    wide = LinearSSM.random(9, 2, 2, seed=2)
+    assert min_heads(wide, 20) == 4 == lag_span_bound(wide, 20)
+    # Nilpotent of index 3: only L_0, L_1, L_2 are non-zero.
+    nilpotent = _rng_ssm(3, 3, 3, 3, np.eye(3, k=-1))
+    assert min_heads(nilpotent, 10) == 3 == lag_span_bound(nilpotent, 10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(N=st.integers(1, 7), d=st.integers(1, 3), p=st.integers(1, 3), n=st.integers(1, 10),
+       seed=st.integers(0, 10_000))
+def test_prop_lag_span_bound_random(N, d, p, n, seed):
+    ssm = LinearSSM.random(N, d, p, spectral_radius=0.8, seed=seed)
+    k = min_heads(ssm, n)
+    assert k == rank_np(lags_np(ssm, n).reshape(n, -1))
+    assert k <= lag_span_bound(ssm, n) == min(minpoly_degree(ssm.A.numpy(force=True)), n, p * d)
+
+
+@pytest.mark.parametrize("A, degree", [
+    (np.eye(3), 1),                                   # z − 1
+    (np.zeros((3, 3)), 1),                            # z
+    (np.diag([0.8, 0.8, 0.5, 0.5]), 2),               # repeated eigenvalues
+    (0.7 * np.eye(4) + np.eye(4, k=1), 4),            # one Jordan block
+    (np.eye(4, k=1), 4),                              # nilpotent shift: z^4
+    (np.diag([0.9, 0.5]), 2),                         # distinct eigenvalues
+    (np.diag([1e3, 1e3, -2e3]), 2),                   # large entries (scaled first)
+])
+def test_prop_lag_span_bound_minimal_polynomial_degree_on_known_matrices(A, degree):
+    assert minimal_polynomial_degree(A) == degree
+
+
+def test_prop_lag_span_bound_holds_and_is_attained_by_random_systems():
+    for N, d, p, n in [(3, 2, 2, 10), (6, 2, 2, 10), (5, 3, 1, 4), (2, 1, 1, 8)]:
+        ssm = LinearSSM.random(N, d, p, spectral_radius=0.9, seed=N + n)
+        bound = lag_span_bound(ssm, n)
+        assert bound == min(N, n, p * d)  # random A has m_A = N
+        assert min_heads(ssm, n) == bound
+
+
+# -- prop-modal-lag-span ------------------------------------------------------------------------
+
+
+def test_prop_modal_lag_span_equals_rank_of_rescaled_lags():
+    # k from the residues vs the numerical rank of the lags of A/ρ (which do not decay for S4D-Lin):
+    # two routes that agree, where the plain lag matrix loses two dimensions to rounding.
+    ssm, n = s4d_ssm(32, 8, 0.5, seed=0), 1024
+    rescaled = LinearSSM(ssm.A / 0.5, ssm.B, ssm.C)
+    assert modal_lag_span_dimension(ssm) == rank_np(lags_np(rescaled, 200).reshape(200, -1)) == 32
+    assert min_heads(ssm, n) < 32               # the numerical rank of the raw lag matrix
+
+
+def test_prop_modal_lag_span_on_known_ranks():
+    # Residues of rank-one structure: B = 0 on two modes drops k by two; p·d caps k.
+    lam = np.array([0.9, 0.5, -0.3, 0.1])
+    B = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    ssm = LinearSSM.diagonal(lam, B, np.ones((2, 4)))
+    assert modal_lag_span_dimension(ssm) == rank_np(lags_np(ssm, 10).reshape(10, -1)) == 2
+    # A mode with a residue 1e-6 times the others' still counts (rank rule rtol = 1e-10, not looser).
+    weak = LinearSSM.diagonal(lam, [[1.0, 0.0], [0.0, 1.0], [1e-6, 0.0], [0.0, 0.0]],
+                              np.random.default_rng(0).standard_normal((2, 4)))
+    assert modal_lag_span_dimension(weak) == rank_np(lags_np(weak, 10).reshape(10, -1)) == 3
+    big = LinearSSM.random(9, 2, 2, spectral_radius=0.8, seed=1)
+    assert modal_lag_span_dimension(big) == 4 == min_heads(big, 20)
+    for N, d, p, seed in [(3, 2, 2, 0), (5, 3, 1, 1), (6, 2, 3, 2)]:
+        ssm = LinearSSM.random(N, d, p, spectral_radius=0.9, seed=seed)
+        assert modal_lag_span_dimension(ssm) == rank_np(lags_np(ssm, 2 * N).reshape(2 * N, -1))
+    # Complex modes in conjugate pairs: the real span of the residues.
+    assert modal_lag_span_dimension(LinearSSM.damped_rotation(0.9, 0.7)) == 2
+    for N, d in [(3, 1), (6, 2)]:
+        ssm = s4d_ssm(N, d, 0.9, seed=N)
+        assert modal_lag_span_dimension(ssm) == rank_np(lags_np(ssm, 2 * N).reshape(2 * N, -1)) == min(N, d * d)
+
+
+def test_prop_modal_lag_span_refuses_repeated_eigenvalues_and_jordan_blocks():
+    with pytest.raises(ValueError, match="repeated eigenvalues"):
+        modal_lag_span_dimension(ADVERSARIAL["repeated eigenvalues"][0])
+    with pytest.raises(ValueError, match="diagonalisable"):
+        modal_lag_span_dimension(ADVERSARIAL["jordan block"][0])
+
+
+# -- thm-approx-head-count by Monte Carlo -------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokens", ["gaussian", "rademacher"])
+def test_thm_approx_head_count_monte_carlo_per_head_count(tokens):
+    # Σ_i E‖y_i − ŷ_i‖² sampled on Gaussian and on Rademacher tokens (E[x xᵀ] = I for both) agrees
+    # with the closed form for every H < k, relative to that H's own error, within 4 standard errors,
+    # and the standard error is small enough (< 0.5 %) that a 2 % error in the closed form would show.
+    ssm, n = LinearSSM.random(5, 3, 2, spectral_radius=0.9, seed=11), 10
+    k = min_heads(ssm, n)
+    closed = optimal_head_errors(ssm, n, k)
+    mean, stderr = sampled_head_errors(ssm, n, range(k + 1), 40_000, tokens=tokens, seed=1)
+    for H in range(k):
+        assert abs(mean[H] - closed[H]) < 4 * stderr[H]
+        assert stderr[H] < 0.005 * closed[H]
+    assert mean[k] < 1e-20 * closed[0]           # exact from k heads on
+
+
+def test_sampled_head_errors_estimates_a_hand_computed_mean():
+    # One lag: y = x (n = 1, p = d = 1) against the zero model: E y² = 1 exactly, for either token law;
+    # chunks of 7 sequences give the same numbers as one chunk.
+    ssm = ssm_from([[0.0]], [[1.0]], [[1.0]])
+    for tokens in ("gaussian", "rademacher"):
+        mean, stderr = sampled_head_errors(ssm, 1, [0], 20_000, tokens=tokens, seed=2)
+        assert abs(mean[0] - 1.0) < 4 * stderr[0] + (1e-12 if tokens == "rademacher" else 0)
+    assert sampled_head_errors(ssm, 1, [0], 50, tokens="rademacher")[1][0] == 0.0   # x² = 1 always
+    X = np.random.default_rng(3).standard_normal((50, 1, 1))
+    mean, stderr = sampled_head_errors(ssm, 1, [0], 50, seed=3, chunk=7)
+    assert mean[0] == pytest.approx((X ** 2).mean(), rel=1e-12)
+    assert stderr[0] == pytest.approx((X ** 2).std(ddof=1) / np.sqrt(50), rel=1e-12)
+
+
+# -- prop-map-level-two-heads -------------------------------------------------------------------
+
+
+def test_prop_map_level_two_heads_reproduces_any_2x2_ssm():
+    ssm, n = LinearSSM.random(4, 2, 2, seed=3), 9
+    assert min_heads(ssm, n) == 4
+    model = TokenDependentHeads(ssm)
+    X = np.random.default_rng(1).standard_normal((3, n, 2))
+    X[0, 4] = 0.0                                          # a zero token is handled
+    Y = lags_np(ssm, n)
+    Y = np.stack([[sum(Y[i - j] @ x[j] for j in range(i + 1)) for i in range(n)] for x in X])
+    assert relative_error(outputs(model, X), Y) < 1e-12
+    W = model.operator(torch.from_numpy(X))
+    assert relative_error(apply_operator(W, X), Y) < 1e-12
+    assert relative_error(W, ssm.operator(torch.from_numpy(X))) > 0.1   # different operators …
+    assert interaction_rank(model, X) == 2                 # … of interaction rank 2 < k = 4
+    np.testing.assert_array_equal(model.values().numpy(force=True), [np.eye(2), [[0.0, -1.0], [1.0, 0.0]]])
+    # The coefficients are the coordinates of L_{i−j} x_j in the basis (x_j, J x_j).
+    a = model.coefficients(torch.from_numpy(X[1])).numpy(force=True)
+    x = X[1, 2]
+    np.testing.assert_allclose(lags_np(ssm, n)[3] @ x, a[0, 5, 2] * x + a[1, 5, 2] * np.array([-x[1], x[0]]),
+                               atol=1e-13)
+    assert np.all(a[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0)
+
+
+def test_prop_map_level_two_heads_torch_gradients():
+    ssm = LinearSSM.random(3, 2, 2, seed=0)
+    X = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    TokenDependentHeads(ssm)(X).sum().backward()
+    Xs = X.detach().clone().requires_grad_(True)
+    ssm(Xs).sum().backward()
+    assert torch.allclose(X.grad, Xs.grad, atol=1e-12)     # the same map, so the same gradient
+
+
+def test_token_dependent_heads_is_a_module_with_its_values_a_parameter():
+    # The SSM is a submodule, the value maps the parameter V; the dtype follows the SSM.
+    ssm = LinearSSM.random(3, 2, 2, seed=0)
+    model = TokenDependentHeads(ssm)
+    assert dict(model.named_children())["ssm"] is ssm and model.H == 2 and (model.d, model.p) == (2, 2)
+    assert isinstance(model.V, torch.nn.Parameter) and model.values() is model.V
+    single = TokenDependentHeads(LinearSSM.random(3, 2, 2, seed=0, dtype=torch.float32))
+    X = np.random.default_rng(0).standard_normal((2, 7, 2))
+    Y = single(torch.from_numpy(X).float())
+    assert Y.dtype == torch.float32 and relative_error(Y, outputs(ssm, X)) < 1e-5
+
+
+def test_token_dependent_heads_refuse_a_family_that_misses_a_token():
+    ssm = LinearSSM.random(3, 2, 2, seed=0)
+    degenerate = np.stack([np.eye(2), np.diag([1.0, 0.5])])           # B(e_1) = [e_1, e_1]: rank 1
+    X = torch.zeros(4, 2, dtype=torch.float64)
+    X[0] = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match="values must span"):
+        TokenDependentHeads(ssm, degenerate)(X)
+    with pytest.raises(ValueError, match="V must have shape"):
+        TokenDependentHeads(ssm, np.ones((2, 3, 2)))
+
+
+# -- thm-map-level-head-count, lem-odd-nonsingular, prop-nonsingular-families ------------------
+
+MAP_SIZES = [(2, 2), (3, 3), (4, 4), (8, 8), (2, 3), (3, 5), (2, 6), (1, 4), (4, 1), (5, 5)]
+
+
+def adversarial_tokens(values, d, rng):
+    # Random tokens, the worst-conditioned of many random ones, tiny and huge scales, a zero token.
+    U = rng.standard_normal((4000, d))
+    cond = np.linalg.cond(token_matrix(values, U))
+    worst = U[np.argsort(cond)[-3:]]
+    return np.concatenate([rng.standard_normal((5, d)), worst, 1e-150 * worst, 1e150 * worst[:1],
+                           np.eye(d)[:1], np.zeros((1, d))])
+
+
+@pytest.mark.parametrize("p, d", MAP_SIZES)
+def test_thm_map_level_head_count_construction_computes_the_ssm(p, d):
+    # Sufficiency: with a nonsingular family, the token-dependent heads reproduce the SSM's outputs
+    # to float64 on every input tried, adversarial tokens included (each token once, at position 1 —
+    # the other positions then exercise every lag on it — and mixed in random sequences).
+    ssm, n = LinearSSM.random(6, d, p, spectral_radius=0.9, seed=10 * p + d), 10
+    rng = np.random.default_rng(p + d)
+    for family in (polynomial_values, cayley_dickson_values, complex_values):
+        if (family is complex_values and 2 not in (p, d)) or (family is cayley_dickson_values and max(p, d) > 8):
+            continue
+        values = family(p, d)
+        model = TokenDependentHeads(ssm, values)
+        assert model.H == len(values)
+        tokens = adversarial_tokens(values, d, rng)
+        single = np.zeros((len(tokens), n, d))
+        single[:, 0] = tokens
+        mixed = rng.standard_normal((len(tokens), n, d))
+        mixed[:, 3] = tokens
+        for X in (single, mixed):
+            Y, Y_hat = outputs(ssm, X), outputs(model, X)
+            scale = np.abs(Y).max(axis=(1, 2), keepdims=True)
+            scale[scale == 0] = 1.0
+            assert np.abs((Y - Y_hat) / scale).max() < 1e-12, family.__name__
+        assert interaction_rank(model, mixed[:3]) <= len(values)
+
+
+@pytest.mark.parametrize("p, d", [(3, 3), (2, 3), (4, 4), (1, 3)])
+def test_thm_map_level_head_count_fewer_than_r_star_heads_fail_at_a_token(p, d):
+    # Necessity: on the input (u, 0, …, 0) an H-head model outputs Σ_h a_h V_h u at every position, so it
+    # misses Σ_ℓ dist(L_ℓ u, span{V_h u})² >= Σ_{r>H} σ_r(K(u))² (Eckart–Young, computed here by numpy).
+    ssm, n = LinearSSM.random(p * d + 1, d, p, spectral_radius=0.9, seed=p * d), p * d + 4
+    u0 = np.random.default_rng(0).standard_normal(d)
+    r_star = pointwise_lag_rank(ssm, n, u0)
+    assert r_star == p == rank_np(lags_np(ssm, n) @ u0)
+    rng = np.random.default_rng(1)
+    u = rng.standard_normal(d)
+    K = np.einsum("lpd,d->pl", lags_np(ssm, n), u)
+    sigma = np.linalg.svd(K, compute_uv=False)
+    for H in range(1, r_star):
+        V = rng.standard_normal((H, p, d))
+        B = np.einsum("hpd,d->ph", V, u)
+        residual = K - B @ np.linalg.lstsq(B, K, rcond=None)[0]
+        assert (residual ** 2).sum() >= (sigma[H:] ** 2).sum() * (1 - 1e-9) > 1e-6 * (sigma ** 2).sum()
+        assert token_miss(ssm, n, V, u) ** 2 == pytest.approx((residual ** 2).sum() / (K ** 2).sum(), rel=1e-9)
+
+
+def test_thm_map_level_head_count_bounds_and_exact_cases():
+    # k = pd (certified pointwise-full): H_map = ν(p, d), exact where the bounds meet.
+    for (p, d), nu in {(2, 2): 2, (3, 3): 4, (2, 3): 4, (4, 4): 4, (1, 3): 3}.items():
+        ssm = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + d)
+        assert map_head_bounds(ssm, 3 * p * d) == (p * d, nu, nu)
+    # k < p + d − 1: the lag span bounds the count from above, r* from below (min_heads: repeated eigenvalues).
+    low = _rng_ssm(4, 3, 3, 0, np.diag([0.6, 0.6, -0.4, -0.4]))            # k = 2
+    assert map_head_bounds(low, 12) == (2, 2, 2) and pointwise_lag_rank(low, 12, np.ones(3)) == 2
+    # n < N: k from the lag matrix, which sees n lags only.
+    short = LinearSSM.random(6, 2, 2, seed=5)
+    assert map_head_bounds(short, 3)[0] == 3 == rank_np(lags_np(short, 3).reshape(3, -1))
+    # r* counts the directions L_ℓ u reaches: at most n, and 0 on a token that B maps to 0.
+    tall = LinearSSM.random(6, 2, 3, seed=6)
+    assert pointwise_lag_rank(tall, 2, np.ones(2)) == 2 == rank_np(lags_np(tall, 2) @ np.ones(2))
+    blind = ssm_from(np.diag([0.5, -0.3]), [[1.0, 0.0], [0.0, 0.0]], np.eye(2))
+    assert pointwise_lag_rank(blind, 6, np.array([0.0, 1.0])) == 0 and pointwise_lag_rank(blind, 6, np.ones(2)) == 1
+
+
+@pytest.mark.parametrize("p, d", [(3, 3), (3, 2), (5, 2), (3, 4)])
+def test_lem_odd_nonsingular_p_odd_heads_lose_rank_at_some_token(p, d):
+    # Any p heads with p odd: det[V_1 u … V_p u] changes sign between u and −u, and singular_token finds
+    # a zero: the smallest singular value of B(u) falls to rounding, for random and for the best-conditioned
+    # families we have (the first p quaternion/octonion heads).
+    rng = np.random.default_rng(p + d)
+    families = [rng.standard_normal((p, p, d)) for _ in range(4)] + [cayley_dickson_values(p, d)[:p]]
+    for values in families:
+        u0 = rng.standard_normal(d)
+        B = np.einsum("hpd,d->ph", values, u0)
+        assert np.linalg.det(B) * np.linalg.det(-B) <= 0
+        u = singular_token(values, u0)
+        assert np.linalg.norm(u) == pytest.approx(1.0, rel=1e-12)
+        s = np.linalg.svd(np.einsum("hpd,d->ph", values, u), compute_uv=False)
+        assert s[-1] <= 1e-13 * s[0]
+
+
+def test_lem_odd_nonsingular_transposed_case_and_fewer_heads():
+    # H = d odd, p >= 2 (the transposed family), and H < p, H < d: every token found leaves B(u) of rank < p.
+    rng = np.random.default_rng(7)
+    for H, p, d in [(3, 4, 3), (5, 6, 5), (2, 3, 4), (3, 2, 5)]:
+        values = rng.standard_normal((H, p, d))
+        u = singular_token(values, rng.standard_normal(d if H <= p else p))
+        assert np.linalg.norm(u) == pytest.approx(1.0, rel=1e-12)
+        s = np.linalg.svd(np.einsum("hpd,d->ph", values, u), compute_uv=False)
+        assert len(s) < p or s[p - 1] <= 1e-12 * s[0]
+
+
+def test_lem_odd_nonsingular_needs_odd_p():
+    # For even p the sign argument gives nothing, and indeed the quaternion heads never lose rank.
+    Q = cayley_dickson_values(4, 4)
+    U = np.random.default_rng(0).standard_normal((2000, 4))
+    np.testing.assert_allclose(np.linalg.det(token_matrix(Q, U)), np.linalg.norm(U, axis=1) ** 4, rtol=1e-12)
+    with pytest.raises(ValueError, match="H = p odd"):
+        singular_token(Q, np.ones(4))
+
+
+@pytest.mark.parametrize("p, d", [(1, 1), (2, 2), (3, 3), (4, 4), (2, 5), (7, 8), (8, 8), (6, 2), (2, 4)])
+def test_prop_nonsingular_families_norm_preserving_families(p, d):
+    # Cayley–Dickson and complex families: B(u)B(u)ᵀ = ‖u‖² I exactly (integer identity), checked also
+    # on random tokens with numpy.
+    families = [cayley_dickson_values(p, d)] + ([complex_values(p, d)] if 2 in (p, d) else [])
+    for values in families:
+        assert values.shape[1:] == (p, d)
+        assert composition_defect(values) == 0.0
+        U = np.random.default_rng(p * d).standard_normal((50, d))
+        B = np.einsum("hpd,bd->bph", values, U)
+        np.testing.assert_array_equal(token_matrix(values, U), B)
+        np.testing.assert_allclose(B @ B.transpose(0, 2, 1),
+                                   (U ** 2).sum(1)[:, None, None] * np.eye(p), atol=1e-12 * np.abs(U).max() ** 2)
+    assert composition_defect(polynomial_values(2, 2)) > 0                       # not norm-preserving
+    assert composition_defect(2 * cayley_dickson_values(2, 2)) == 6.0            # 2² · 2 − 2
+
+
+def _quaternion(x, y):
+    a1, b1, c1, d1 = x
+    a2, b2, c2, d2 = y
+    return np.array([a1 * a2 - b1 * b2 - c1 * c2 - d1 * d2, a1 * b2 + b1 * a2 + c1 * d2 - d1 * c2,
+                     a1 * c2 - b1 * d2 + c1 * a2 + d1 * b2, a1 * d2 + b1 * c2 - c1 * b2 + d1 * a2])
+
+
+def test_prop_nonsingular_families_quaternions_are_hamilton_products():
+    # The 4-head family is left multiplication by Hamilton's quaternions: V_h u = e_h · u.
+    Q = cayley_dickson_values(4, 4)
+    u = np.random.default_rng(3).standard_normal(4)
+    for h in range(4):
+        np.testing.assert_allclose(Q[h] @ u, _quaternion(np.eye(4)[h], u), atol=1e-15)
+
+
+@pytest.mark.parametrize("p, d", [(1, 1), (2, 3), (3, 3), (4, 2), (5, 7)])
+def test_prop_nonsingular_families_polynomial_product(p, d):
+    # yᵀ V_h u is the t^h coefficient of y(t)u(t) (numpy.polymul, highest power first, reversed here),
+    # and B(u) has full rank p for random, structured and root-on-the-unit-circle tokens.
+    V = polynomial_values(p, d)
+    assert V.shape == (p + d - 1, p, d)
+    rng = np.random.default_rng(p + d)
+    y, u = rng.standard_normal(p), rng.standard_normal(d)
+    np.testing.assert_allclose(np.einsum("a,hab,b->h", y, V, u), np.polymul(y[::-1], u[::-1])[::-1], atol=1e-13)
+    tokens = np.concatenate([rng.standard_normal((100, d)), np.eye(d),
+                             [[1.0] * d, [(-1.0) ** b for b in range(d)]]])
+    assert np.all(np.linalg.matrix_rank(token_matrix(V, tokens)) == p)
+
+
+def test_nonsingular_values_picks_the_fewest_heads():
+    assert [len(nonsingular_values(p, d)) for p, d in [(2, 2), (3, 3), (2, 6), (3, 5), (5, 5), (1, 9), (9, 9)]] \
+        == [2, 4, 6, 7, 8, 9, 17]
+    np.testing.assert_array_equal(nonsingular_values(2, 2), [np.eye(2), [[0.0, -1.0], [1.0, 0.0]]])
+    assert nonsingular_dimension_bounds(3, 3) == (4, 4) and nonsingular_dimension_bounds(5, 5) == (6, 8)
+    assert nonsingular_dimension_bounds(2, 7) == (8, 8) and nonsingular_dimension_bounds(1, 6) == (6, 6)
+    assert nonsingular_dimension_bounds(6, 6) == (6, 8) and nonsingular_dimension_bounds(7, 7) == (8, 8)
+
+
+def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
+    # For polynomial multiplication by u(t) = (1 + t)^{d−1} (roots on the unit circle) the convolution
+    # matrix is badly conditioned; the search returns it (or a worse one), and norm-preserving
+    # families have condition number 1 everywhere.
+    V = polynomial_values(5, 5)
+    tokens, condition = worst_conditioned_tokens(V, 2000, 2, seed=1)
+    binomial = np.array([1.0, 4.0, 6.0, 4.0, 1.0])
+    sigma = np.linalg.svd(token_matrix(V, binomial), compute_uv=False)
+    assert condition[0] >= sigma[0] / sigma[-1] * (1 - 1e-12) and condition[0] >= condition[1]
+    np.testing.assert_allclose(np.linalg.cond(token_matrix(V, tokens)), condition, rtol=1e-9)
+    assert np.allclose(worst_conditioned_tokens(cayley_dickson_values(5, 5), 500, 1)[1], 1.0)
+
+
+# -- cor-map-level-exact ------------------------------------------------------------------------
+
+
+def _nu_formula(p, d):
+    # The exact values of cor-map-level-exact, or None where the corollary leaves a gap.
+    big, small = max(p, d), min(p, d)
+    if small == 1 or big in (2, 4, 8) or (small == 2 and big % 2 == 0):
+        return big
+    if (small >= 2 and big in (3, 7)) or (small == 2 and big % 2 == 1):
+        return big + 1
+    return None
+
+
+def test_cor_map_level_exact_values_match_the_bounds():
+    # Where the corollary states ν(p, d), the lower bound (lemma) and the upper bound (a family) meet
+    # at that value; elsewhere (p, d <= 8) they leave a gap.
+    for p in range(1, 9):
+        for d in range(1, 9):
+            lower, upper = nonsingular_dimension_bounds(p, d)
+            nu = _nu_formula(p, d)
+            assert (lower == upper == nu) if nu is not None else lower < upper, (p, d)
+
+
+@pytest.mark.parametrize("p, d", [(2, 2), (3, 3), (2, 3), (4, 4), (1, 3), (2, 5)])
+def test_cor_map_level_exact_one_head_fewer_misses_a_full_ssm(p, d):
+    # For an SSM with k = pd: ν heads compute it, and ν − 1 value maps (random, or the first ν − 1 of the
+    # family) miss it at the token of singular_token; the miss is recomputed here by least squares on
+    # the lags L_ℓ u, with B(u)'s range cut to its numerical rank.
+    nu = _nu_formula(p, d)
+    ssm, n = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + 2 * d), p * d + 2
+    assert map_head_bounds(ssm, n)[0] == p * d
+    X = np.random.default_rng(0).standard_normal((3, n, d))
+    assert relative_error(outputs(TokenDependentHeads(ssm, nonsingular_values(p, d)), X), outputs(ssm, X)) < 1e-12
+    rng = np.random.default_rng(p * d)
+    for values in [rng.standard_normal((nu - 1, p, d)), nonsingular_values(p, d)[: nu - 1]]:
+        H = nu - 1
+        u = singular_token(values, rng.standard_normal(d if H <= p else p))
+        K = np.einsum("lpd,d->pl", lags_np(ssm, n), u)
+        B = np.einsum("hpd,d->ph", values, u)
+        left, sigma, _ = np.linalg.svd(B, full_matrices=False)
+        basis = left[:, sigma > 1e-10 * np.linalg.norm(values)]
+        miss = np.linalg.norm(K - basis @ basis.T @ K) / np.linalg.norm(K)
+        assert miss > 1e-3
+        assert token_miss(ssm, n, values, u) == pytest.approx(miss, rel=1e-9)
+
+
+def test_token_miss_edge_cases():
+    # A family that spans ℝ^p at u misses nothing; the zero family misses everything; an SSM that
+    # outputs 0 is missed by nothing.
+    ssm = LinearSSM.damped_rotation(0.9, 0.6)
+    assert token_miss(ssm, 8, cayley_dickson_values(2, 2), np.array([0.3, -1.0])) < 1e-14
+    assert token_miss(ssm, 8, np.zeros((2, 2, 2)), np.array([0.3, -1.0])) == 1.0
+    silent = ssm_from(0.5 * np.eye(2), np.zeros((2, 2)), np.ones((2, 2)))
+    assert token_miss(silent, 8, np.zeros((1, 2, 2)), np.array([0.3, -1.0])) == 0.0
+
+
+# -- prop-heads-needed-lag-bound and prop-heads-needed-continuous-limit -------------------------
+
+
+def test_prop_heads_needed_lag_bound_holds_and_is_attained_by_its_construction():
+    # H_ε <= L_ε; the span of the first L_ε lags, as value maps, has error <= the lag tail (explicit blocks).
+    for rho, N in [(0.5, 16), (0.8, 8), (0.95, 32), (0.999, 16)]:
+        ssm, n = s4d_ssm(N, 4, rho, seed=1), 128
+        L = lags_np(ssm, n).reshape(n, -1)
+        weighted = (n - np.arange(n)) * (L ** 2).sum(1)
+        for eps in (1e-2, 1e-6):
+            tails = np.concatenate([np.cumsum(weighted[::-1])[::-1], [0.0]])
+            L_eps = int(np.argmax(tails <= eps * tails[0]))
+            assert lag_energy_count(ssm, n, eps) == L_eps
+            assert heads_needed(ssm, n, eps) <= L_eps
+            # The bound's own construction: project every lag on span{L_0..L_{L_ε−1}}.
+            Q = np.linalg.qr(L[:L_eps].T)[0] if L_eps else np.zeros((L.shape[1], 0))
+            error = ((n - np.arange(n)) * ((L - L @ Q @ Q.T) ** 2).sum(1)).sum()
+            assert error <= tails[L_eps] * (1 + 1e-9) + 1e-14 * tails[0]
+
+
+def test_prop_heads_needed_lag_bound_is_tight_for_orthonormal_lags():
+    # A shift register read out in full: L_ℓ = e_{ℓ+1} (ℓ < 4), orthonormal with decreasing weights n − ℓ,
+    # so the best H heads keep exactly the first H lags and H_ε = L_ε for every ε.
+    shift = ssm_from(np.eye(4, k=-1), np.eye(4)[:, :1], np.eye(4))
+    n = 6
+    weights = np.array([6.0, 5.0, 4.0, 3.0])          # n − ℓ for the four non-zero lags
+    for eps in (0.7, 0.3, 0.1, 1e-3):
+        expected = min(H for H in range(5) if weights[H:].sum() <= eps * weights.sum())
+        assert heads_needed(shift, n, eps) == lag_energy_count(shift, n, eps) == expected
+    assert lag_energy_count(ssm_from(0.5 * np.eye(2), np.zeros((2, 1)), np.ones((1, 2))), n, 0.1) == 0
+
+
+def _relative_tails(ssm, n, H_max):
+    tails = optimal_head_errors(ssm, n, H_max)
+    return tails / tails[0]
+
+
+def test_prop_heads_needed_continuous_limit_converges_at_rate_one_over_n():
+    # Fixed window T = nΔ: the relative least errors of the ZOH SSM approach those of Γ_T (closed form),
+    # with a deviation that shrinks like Δ = T/n.  Independent of the closed form: a fine quadrature of
+    # Γ_T from matrix exponentials (scipy-free: expm by torch).
+    A_c, B_c, C = s4d_continuous(6, 2, seed=3)
+    T, H_max = 3.0, 4
+    limit = continuous_head_errors(A_c, B_c, C, T, H_max)
+    steps = 4000                                      # midpoint rule, K(t_k) = C e^{A h/2} (e^{A h})^k B
+    h = T / steps
+    half, step = (torch.linalg.matrix_exp(torch.tensor(A_c * s)).numpy() for s in (h / 2, h))
+    K, state = [], half @ B_c
+    for _ in range(steps):
+        K.append((C @ state).ravel())
+        state = step @ state
+    K, t = np.array(K), (np.arange(steps) + 0.5) * h
+    gamma = np.einsum("t,ti,tj->ij", (1 - t / T) * h, K, K)
+    eig = np.sort(np.linalg.eigvalsh(gamma))[::-1]
+    quadrature = np.array([eig[H:].sum() for H in range(H_max + 1)])
+    np.testing.assert_allclose(limit, quadrature, rtol=1e-5)
+    deviations = []
+    for n in (64, 256, 1024):
+        rho = np.exp(-T / n / 2)                      # s4d "lin": Δ = −2 ln ρ
+        ssm = s4d_ssm(6, 2, rho, seed=3)
+        deviations.append(np.abs(_relative_tails(ssm, n, H_max) - limit / limit[0]).max())
+    assert deviations[2] < 1e-2
+    assert deviations[1] < 0.35 * deviations[0] and deviations[2] < 0.35 * deviations[1]
+
+
+def test_prop_heads_needed_continuous_limit_short_and_long_windows():
+    # (b) As T → 0 the window sees K(t) ≈ K(0): the relative tail beyond one head vanishes like T.
+    # (c) For Hurwitz A_c, Γ_T → Γ_∞ as T → ∞: the relative tails stop changing.
+    A_c, B_c, C = s4d_continuous(8, 3, seed=2)
+    short = [continuous_head_errors(A_c, B_c, C, T, 2) for T in (1e-2, 1e-3)]
+    ratios = [tails[1] / tails[0] for tails in short]
+    assert ratios[1] < 0.2 * ratios[0] and ratios[1] < 1e-3
+    # trace Γ_T = ∫_0^T (1 − t/T) ‖K(t)‖² dt → T ‖K(0)‖²/2 as T → 0.
+    assert short[1][0] == pytest.approx(1e-3 * ((C @ B_c) ** 2).sum() / 2, rel=1e-2)
+    long = [continuous_head_errors(A_c, B_c, C, T, 8) for T in (100.0, 400.0)]
+    assert np.abs(long[0] / long[0][0] - long[1] / long[1][0]).max() < 2e-2
+    far = continuous_head_errors(A_c, B_c, C, 1600.0, 8)
+    assert np.abs(long[1] / long[1][0] - far / far[0]).max() < 0.3 * np.abs(long[0] / long[0][0]
+                                                                              - long[1] / long[1][0]).max()
+
+
+def test_prop_heads_needed_continuous_limit_counts_depend_on_n_and_rho_through_T():
+    # Same T = nΔ, different (n, ρ): the same head counts; at fixed n, ρ → 1 shrinks T and the count.
+    for T in (2.0, 10.0):
+        counts = {n: heads_needed(s4d_ssm(16, 4, float(np.exp(-T / n / 2)), seed=0), n, 1e-2) for n in (512, 2048)}
+        assert counts[512] == counts[2048]
+    n = 1024
+    near = heads_needed(s4d_ssm(32, 8, 0.99, seed=0), n, 1e-2)
+    nearer = heads_needed(s4d_ssm(32, 8, 0.9995, seed=0), n, 1e-2)
+    assert nearer < near                     # the count falls as ρ → 1 at fixed n (not "grows with ρ")
+
+
+def test_continuous_head_errors_refuses_repeated_modes():
+    with pytest.raises(ValueError, match="repeated eigenvalues"):
+        continuous_head_errors(-np.eye(2), np.ones((2, 1)), np.ones((1, 2)), 1.0, 1)
+
+
+# -- the training sweep -------------------------------------------------------------------------
+
+N_SEQ, D = 8, 2
+TEACHER = LinearSSM.random(3, D, D, spectral_radius=0.8, seed=1)   # k = 3 on length 8
+SECOND = LinearSSM.random(2, D, D, spectral_radius=0.7, seed=4)    # k = 2 on length 8
+
+
+def test_train_students_factorized_rows_equal_students_built_and_trained_by_hand():
+    # The sweep against the plain route: the students built here from their documented draws (V ~ N(0, 1/d),
+    # then c ~ N(0, 0.1²), default_rng(3 + s)) and trained by lib.imitate on the batch stream of seed 3;
+    # errors by population_error, optima by optimal_head_errors; order teachers × heads × seeds; heads a
+    # function of k.
+    rows = train_students([TEACHER, SECOND], N_SEQ, lambda k: (1, k), seeds=2, steps=30, seed=3)
+    assert [(r["k"], r["H"], r["seed"]) for r in rows] == (
+        [(3, H, 3 + s) for H in (1, 3) for s in (0, 1)] + [(2, H, 3 + s) for H in (1, 2) for s in (0, 1)])
+    for teacher, k, part in ((TEACHER, 3, rows[:4]), (SECOND, 2, rows[4:])):
+        optimum = optimal_head_errors(teacher, N_SEQ, k)
+        students = []
+        for row in part:
+            rng = np.random.default_rng(row["seed"])
+            V = rng.standard_normal((row["H"], D, D)) / np.sqrt(D)
+            students.append(RelativeHeads(V, 0.1 * rng.standard_normal((row["H"], N_SEQ))))
+        imitate(students, teacher, steps=30, seed=3)
+        for row, student in zip(part, students):
+            assert row["model"] == "factorized (trained)"
+            assert row["error"] == pytest.approx(population_error(teacher, student, N_SEQ), rel=1e-12)
+            assert row["optimum"] == optimum[row["H"]] and row["energy"] == optimum[0]
+            assert row["relative squared error"] == pytest.approx(row["error"] / optimum[0], rel=1e-15)
+
+
+def test_train_students_softmax_rows_equal_separate_training_runs():
+    # Softmax students from their documented draws (W_Q, W_K, W_V ~ N(0, 1/d) with d_k = d_v = d,
+    # W_O ~ N(0, 1/(H d)), zero position scores), each trained alone.
+    rows = train_students([SECOND], N_SEQ, [2, 1], model="softmax", steps=20, batch=8, seed=5)
+    assert [(r["k"], r["H"], r["seed"], r["model"]) for r in rows] == [
+        (2, 2, 5, "softmax attention (trained)"), (2, 1, 5, "softmax attention (trained)")]
+    optimum = optimal_head_errors(SECOND, N_SEQ, 2)
+    for row in rows:
+        H, rng = row["H"], np.random.default_rng(5)
+        W_Q, W_K, W_V = (rng.standard_normal((H, D, D)) / np.sqrt(D) for _ in range(3))
+        W_O = rng.standard_normal((H, D, D)) / np.sqrt(H * D)
+        student = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=np.zeros((H, N_SEQ)))
+        [(error, _)] = imitate([student], SECOND, steps=20, batch=8, seed=5)
+        assert row["error"] == error and row["optimum"] == optimum[row["H"]]
