@@ -16,9 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, factorized_operator, imitate, min_heads,
-                 operator_span, optimal_head_errors, truncated_heads)
-from lib.base import batched
+from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
+                 min_heads, operator_span, optimal_head_errors, truncated_heads)
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:

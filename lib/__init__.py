@@ -9,7 +9,7 @@ return numpy. `API` is the one list of public names: `__all__` and the API refer
 """
 
 from .attention import LinearAttention, RelativeHeads, SoftmaxAttention
-from .base import SequenceMap
+from .base import SequenceMap, batched
 from .heads import (fit_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors, population_error,
                     truncated_heads)
 from .jacobians import jacobian_blocks, jacobian_norms
@@ -24,7 +24,7 @@ from .zoo import architecture_zoo
 
 API = {
     "The unified form": [
-        "SequenceMap", "apply_operator", "identity_error", "relative_error", "toeplitz_operator",
+        "SequenceMap", "batched", "apply_operator", "identity_error", "relative_error", "toeplitz_operator",
         "factorized_operator"],
     "Models": [
         "Dense", "FeedForward", "CausalConv1d", "KANLayer", "ElmanRNN", "LinearSSM", "SelectiveSSM", "SSD",
