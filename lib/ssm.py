@@ -95,9 +95,11 @@ class LinearSSM(SequenceMap):
         """A with the given eigenvalues (N,), in real block-diagonal form: λ real is a 1×1
         block, a pair a ± ib the block [[a, −b], [b, a]] (pairs listed twice, closed under
         conjugation; blocks in order of first appearance). B (N, d), C (p, N)."""
-        lam = np.asarray(eigenvalues)
-        if lam.dtype.kind not in "iufc" or lam.ndim != 1 or lam.size == 0 or not np.isfinite(lam).all():
-            raise ValueError(f"eigenvalues must be a finite real or complex array of shape (N,); got {lam!r}")
+        lam = np.asarray(eigenvalues.numpy(force=True) if isinstance(eigenvalues, torch.Tensor) else eigenvalues)
+        if lam.dtype.kind not in "iufc":
+            raise TypeError(f"eigenvalues must be real or complex numbers; got {lam.dtype}")
+        if lam.ndim != 1 or lam.size == 0 or not np.isfinite(lam).all():
+            raise ValueError(f"eigenvalues must be a finite array of shape (N,); got {lam!r}")
         A, free, k = np.zeros((lam.size, lam.size)), list(range(lam.size)), 0
         while free:
             value = complex(lam[free.pop(0)])
@@ -130,6 +132,8 @@ class LinearSSM(SequenceMap):
         B = Δ φ₁(Δ A_c) B_c, for every A_c (singular too), from the exponential of
         Δ [[A_c, B_c], [0, 0]]. A_c (N, N), B_c (N, d), C_c (p, N), Δ > 0.
         """
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
         dims: dict[str, int] = {}
         A_c, B_c, C_c = (as_tensor(v, name, dtype) for v, name in ((A_c, "A_c"), (B_c, "B_c"), (C_c, "C_c")))
         for tensor, name, shape in ((A_c, "A_c", "N N"), (B_c, "B_c", "N d"), (C_c, "C_c", "p N")):
