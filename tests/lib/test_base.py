@@ -108,7 +108,7 @@ def test_causal_flag_matches_the_operator_and_the_jacobian(name):
 def test_models_are_torch_modules_with_named_parameters_that_train(name):
     model = build(name)
     params = dict(model.named_parameters())
-    assert isinstance(model, (SequenceMap, torch.nn.Module))
+    assert isinstance(model, SequenceMap) and isinstance(model, torch.nn.Module)
     assert sorted(params) == sorted(PARAMETERS[name])
     assert all(isinstance(t, torch.nn.Parameter) and t.requires_grad and t.dtype == torch.float64
                for t in params.values())

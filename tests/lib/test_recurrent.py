@@ -58,8 +58,8 @@ def test_rnn_operator_has_finite_gradients_where_pre_activations_vanish():
 
 def test_rnn_random_draws_are_those_of_linear_ssm():
     # ElmanRNN.random(N, d, p) documents LinearSSM.random's draws as (W, U, C), rescaled to the spectral radius.
-    rnn_model, ssm = ElmanRNN.random(3, 2, 2, spectral_radius=0.7, seed=5), LinearSSM.random(3, 2, 2, spectral_radius=0.7,
-                                                                                          seed=5)
+    rnn_model = ElmanRNN.random(3, 2, 2, spectral_radius=0.7, seed=5)
+    ssm = LinearSSM.random(3, 2, 2, spectral_radius=0.7, seed=5)
     for a, b in zip(rnn(rnn_model), (ssm.A, ssm.B, ssm.C)):
         np.testing.assert_array_equal(a, b.numpy(force=True))
     assert np.abs(np.linalg.eigvals(rnn(rnn_model)[0])).max() == pytest.approx(0.7, rel=1e-12)

@@ -24,6 +24,7 @@ def test_as_tensor_converts_arrays_and_lists_and_keeps_tensors_and_their_graph()
     array = np.arange(3.0)
     as_tensor(array, "x")[0] = 7.0  # a copy: the caller's array is untouched
     assert array[0] == 0.0
+    assert as_tensor(array[::-1], "x").tolist() == [2.0, 1.0, 0.0]  # negative strides are copied, not refused
 
 
 @pytest.mark.parametrize("value,error,match", [
