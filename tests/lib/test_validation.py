@@ -213,6 +213,23 @@ def test_bad_size_raises_naming_it(kind, size):
             build(**{**sizes, size: value})
 
 
+@pytest.mark.parametrize("kind", [k for k in RANDOM if k != "architecture_zoo"])
+def test_bad_seed_raises_naming_it_and_every_numpy_seed_is_taken(kind):
+    build, sizes = RANDOM[kind]
+    for seed, error in ((-1, ValueError), ([3, -1], ValueError), (1.5, TypeError), ("7", TypeError)):
+        with pytest.raises(error, match="^seed must be an integer >= 0, a sequence of them"):
+            build(**sizes, seed=seed)
+    by_int = build(**sizes, seed=7)
+    for seed in (np.random.SeedSequence(7), np.random.default_rng(7), np.int64(7)):  # the same stream
+        for a, b in zip(state(by_int), state(build(**sizes, seed=seed))):
+            np.testing.assert_array_equal(a, b)
+
+
+def state(built):
+    """The parameters of a model, or the arrays a function returns."""
+    return [t.numpy(force=True) for t in built.parameters()] if isinstance(built, torch.nn.Module) else built
+
+
 @pytest.mark.parametrize("call,error,match", [
     (lambda: lib.LinearSSM.random(2, 2, 2, spectral_radius=-0.5), ValueError, "spectral_radius must be finite and in"),
     (lambda: lib.ElmanRNN.random(2, 2, 2, spectral_radius=np.nan), ValueError, "spectral_radius must be finite"),
