@@ -80,3 +80,13 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
+
+
+def as_generator(seed: Any) -> np.random.Generator:
+    """np.random.default_rng(seed) (an int >= 0, a sequence of them, a SeedSequence, a Generator or
+    None), its errors naming seed."""
+    try:
+        return np.random.default_rng(seed)
+    except (TypeError, ValueError) as error:
+        raise type(error)("seed must be an integer >= 0, a sequence of them, a SeedSequence or a Generator; "
+                          f"got {seed!r}") from error

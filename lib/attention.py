@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ._validation import check_int, check_real
+from ._validation import as_generator, check_int, check_real
 from .base import SequenceMap, batched
 from .operators import factorized_operator, toeplitz_operator
 from .scan import fft_causal_conv
@@ -38,7 +38,7 @@ class _MultiHead(SequenceMap):
         d, p, heads = check_int(d, "d"), check_int(p, "p"), check_int(heads, "heads")
         d_k = max(1, d // heads) if d_k is None else check_int(d_k, "d_k")
         d_v = max(1, d // heads) if d_v is None else check_int(d_v, "d_v")
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         shapes = {"W_Q": (d_k, d, d), "W_K": (d_k, d, d), "W_V": (d_v, d, d), "W_O": (p, d_v, heads * d_v)}
         return {name: rng.standard_normal((heads, rows, cols)) / np.sqrt(fan_in)
                 for name, (rows, cols, fan_in) in shapes.items()}
@@ -198,7 +198,7 @@ class RelativeHeads(SequenceMap):
         """V with iid N(0, 1/d) entries; c[h, ℓ] = scale · decay^ℓ · N(0, 1)."""
         H, n_max, d, p = check_int(H, "H"), check_int(n_max, "n_max"), check_int(d, "d"), check_int(p, "p")
         decay, scale = check_real(decay, "decay"), check_real(scale, "scale", low=0)
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         V = rng.standard_normal((H, p, d)) / np.sqrt(d)
         return cls(V, scale * rng.standard_normal((H, n_max)) * decay ** np.arange(n_max), dtype=dtype)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._validation import as_tensor, check_choice, check_int, check_real, check_shape
+from ._validation import as_generator, as_tensor, check_choice, check_int, check_real, check_shape
 from .attention import RelativeHeads
 from .spans import OperatorSpan, check_rtol, span_of_rows
 
@@ -240,6 +240,6 @@ def fit_heads(ssm: Any, n: int, H: int, *, method: str = "lbfgs", restarts: int 
     energy = float((W ** 2).sum())
     if H == 0 or energy == 0:  # the zero model is optimal
         return energy, np.zeros((H, ssm.p, ssm.d)), np.zeros((H, n, n))
-    rng = np.random.default_rng(seed)
+    rng = as_generator(seed)
     runs = [(_fit_lbfgs if method == "lbfgs" else _fit_als)(W, H, rng, max_iter) for _ in range(restarts)]
     return min(runs, key=lambda run: run[0])

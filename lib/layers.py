@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._validation import check_int, check_real
+from ._validation import as_generator, check_int, check_real
 from .base import SequenceMap, batched
 from .operators import toeplitz_operator
 
@@ -25,7 +25,7 @@ def _block_diagonal(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _gaussian(seed: Any, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape) * scale
+    return as_generator(seed).standard_normal(shape) * scale
 
 
 class Dense(SequenceMap):
@@ -67,7 +67,7 @@ class FeedForward(SequenceMap):
                dtype: torch.dtype = torch.float64) -> "FeedForward":
         """W1 with iid N(0, 1/d) entries, W2 with iid N(0, 2/m) (He scaling)."""
         d, p, m = check_int(d, "d"), check_int(p, "p"), check_int(m, "m")
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         W1 = rng.standard_normal((m, d)) / np.sqrt(d)
         return cls(W1, rng.standard_normal((p, m)) * np.sqrt(2.0 / m), dtype=dtype)
 
@@ -153,7 +153,7 @@ class KANLayer(SequenceMap):
                seed: Any = 0, dtype: torch.dtype = torch.float64) -> "KANLayer":
         """w and c with iid N(0, 1/d) entries."""
         d, p, grid_size = check_int(d, "d"), check_int(p, "p"), check_int(grid_size, "grid_size")
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         w = rng.standard_normal((p, d)) / np.sqrt(d)
         c = rng.standard_normal((p, d, grid_size + 3)) / np.sqrt(d)
         return cls(w, c, grid_range=grid_range, dtype=dtype)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ._validation import as_tensor, check_int
+from .base import SequenceMap
 
 
 def toeplitz_operator(kernel: torch.Tensor, n: int) -> torch.Tensor:
@@ -24,6 +25,8 @@ def toeplitz_operator(kernel: torch.Tensor, n: int) -> torch.Tensor:
     if not isinstance(kernel, torch.Tensor) or kernel.ndim < 1 or kernel.shape[0] < 1:
         raise TypeError("kernel must be a tensor of shape (r, ...) with r >= 1; "
                         f"got {getattr(kernel, 'shape', type(kernel).__name__)}")
+    if not (kernel.is_floating_point() or kernel.is_complex()):
+        raise TypeError(f"kernel must have a floating or complex dtype; got {kernel.dtype}")
     n, r = check_int(n, "n"), kernel.shape[0]
     lag = torch.arange(n, device=kernel.device)[:, None] - torch.arange(n, device=kernel.device)
     inside = ((lag >= 0) & (lag < r)).reshape(n, n, *[1] * (kernel.ndim - 1))
@@ -32,8 +35,13 @@ def toeplitz_operator(kernel: torch.Tensor, n: int) -> torch.Tensor:
 
 def factorized_operator(coefficients: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """𝒲_ij = Σ_h α^h_ij V_h ({prf:ref}`def-factorized`): α (b, H, n, n), V (H, p, d) → (b, n, n, p, d)."""
-    if coefficients.ndim != 4 or values.ndim != 3 or coefficients.shape[1] != values.shape[0]:
-        raise ValueError(f"coefficients (b, H, n, n) and values (H, p, d) must share H; got "
+    for tensor, name in ((coefficients, "coefficients"), (values, "values")):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a real floating tensor; got "
+                            f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if (coefficients.ndim != 4 or values.ndim != 3 or coefficients.shape[1] != values.shape[0]
+            or coefficients.shape[2] != coefficients.shape[3]):
+        raise ValueError(f"coefficients must have shape (b, H, n, n) and values (H, p, d), one H; got "
                          f"{tuple(coefficients.shape)} and {tuple(values.shape)}")
     return torch.einsum("bhij,hpd->bijpd", coefficients, values)
 
@@ -73,6 +81,8 @@ def identity_error(model: Any, X: Any) -> float:
 
     model: a SequenceMap; X: (n, d) or (b, n, d), numpy or torch.
     """
+    if not isinstance(model, SequenceMap):
+        raise TypeError(f"model must be a SequenceMap; got {type(model).__name__}")
     X = as_tensor(X, "X", model.dtype)
     with torch.no_grad():
         return relative_error(apply_operator(model.operator(X), X), model(X))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._validation import as_tensor, check_choice, check_int, check_real, check_shape
+from ._validation import as_generator, as_tensor, check_choice, check_int, check_real, check_shape
 from .base import SequenceMap, batched
 from .operators import factorized_operator, toeplitz_operator
 from .scan import selective_loop, selective_scan, ssd_chunked, ssd_loop, ssd_quadratic
@@ -84,7 +84,7 @@ class LinearSSM(SequenceMap):
         """A Gaussian rescaled to the spectral radius; B, C with iid N(0, 1/fan-in) entries."""
         N, d, p = check_int(N, "N"), check_int(d, "d"), check_int(p, "p")
         radius = check_real(spectral_radius, "spectral_radius", low=0)
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         A = rng.standard_normal((N, N))
         A *= radius / max(np.abs(np.linalg.eigvals(A)).max(), 1e-300)
         B = rng.standard_normal((N, d)) / np.sqrt(d)
@@ -95,9 +95,11 @@ class LinearSSM(SequenceMap):
         """A with the given eigenvalues (N,), in real block-diagonal form: λ real is a 1×1
         block, a pair a ± ib the block [[a, −b], [b, a]] (pairs listed twice, closed under
         conjugation; blocks in order of first appearance). B (N, d), C (p, N)."""
-        lam = np.asarray(eigenvalues)
-        if lam.dtype.kind not in "iufc" or lam.ndim != 1 or lam.size == 0 or not np.isfinite(lam).all():
-            raise ValueError(f"eigenvalues must be a finite real or complex array of shape (N,); got {lam!r}")
+        lam = np.asarray(eigenvalues.numpy(force=True) if isinstance(eigenvalues, torch.Tensor) else eigenvalues)
+        if lam.dtype.kind not in "iufc":
+            raise TypeError(f"eigenvalues must be real or complex numbers; got {lam.dtype}")
+        if lam.ndim != 1 or lam.size == 0 or not np.isfinite(lam).all():
+            raise ValueError(f"eigenvalues must be a finite array of shape (N,); got {lam!r}")
         A, free, k = np.zeros((lam.size, lam.size)), list(range(lam.size)), 0
         while free:
             value = complex(lam[free.pop(0)])
@@ -130,6 +132,8 @@ class LinearSSM(SequenceMap):
         B = Δ φ₁(Δ A_c) B_c, for every A_c (singular too), from the exponential of
         Δ [[A_c, B_c], [0, 0]]. A_c (N, N), B_c (N, d), C_c (p, N), Δ > 0.
         """
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
         dims: dict[str, int] = {}
         A_c, B_c, C_c = (as_tensor(v, name, dtype) for v, name in ((A_c, "A_c"), (B_c, "B_c"), (C_c, "C_c")))
         for tensor, name, shape in ((A_c, "A_c", "N N"), (B_c, "B_c", "N d"), (C_c, "C_c", "p N")):
@@ -225,7 +229,7 @@ class SelectiveSSM(SequenceMap):
         """Mamba's init: A[q] = −(1, …, N), softplus(dt_bias) log-uniform in step_range;
         W_Δ, W_B, W_C with iid N(0, 1/d) entries."""
         d, N = check_int(d, "d"), check_int(N, "N")
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         A_log = np.log(np.tile(np.arange(1, N + 1, dtype=float), (d, 1)))
         dt_bias = _step_biases(rng, step_range, d)
         W_delta, W_B, W_C = (rng.standard_normal(shape) / np.sqrt(d) for shape in ((d, d), (N, d), (N, d)))
@@ -285,7 +289,7 @@ class SSD(SequenceMap):
         """exp(A_log) ~ U(1, 16) as in Mamba-2, softplus(dt_bias) log-uniform in step_range;
         W_Δ, W_B, W_C, W_O with iid N(0, 1/d) entries."""
         d, p, N, heads = check_int(d, "d"), check_int(p, "p"), check_int(N, "N"), check_int(heads, "heads")
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         A_log = np.log(rng.uniform(1, 16, size=heads))
         dt_bias = _step_biases(rng, step_range, heads)
         W_delta, W_B, W_C, W_O = (rng.standard_normal(shape) / np.sqrt(d)
@@ -406,7 +410,7 @@ class DiagonalSSM(_ModalSSM):
         if init == "lin" and N % 2:
             raise ValueError(f"N must be even for init='lin' (N/2 complex modes); got N = {N}")
         M = N // 2 if init == "lin" else N
-        rng = np.random.default_rng(seed)
+        rng = as_generator(seed)
         log_dt = np.log(_random_steps(rng, step_range, d))
         A_log, A_imag = _s4d_modes((d,), M, init)
         C = rng.standard_normal((d, M, 2)) * np.sqrt(0.5) if init == "lin" else rng.standard_normal((d, M))
@@ -474,7 +478,7 @@ class SharedStateSSM(_ModalSSM):
         d, N = check_int(d, "d"), check_int(N, "N")
         if N % 2:
             raise ValueError(f"N must be even (N/2 complex modes); got N = {N}")
-        M, rng = N // 2, np.random.default_rng(seed)
+        M, rng = N // 2, as_generator(seed)
         log_dt = np.log(_random_steps(rng, step_range, M))
         A_log, A_imag = _s4d_modes((), M, "lin")
         B = rng.standard_normal((M, d, 2)) * np.sqrt(0.5 / d)
@@ -532,7 +536,7 @@ def s4d_continuous(N: int, d: int, *, init: str = "lin", p: int | None = None,
         A_c[k, k + 1], A_c[k + 1, k] = -math.pi * (k // 2 + 1), math.pi * (k // 2 + 1)
     else:
         A_c = np.diag(-np.arange(1.0, N + 1))
-    rng = np.random.default_rng(seed)
+    rng = as_generator(seed)
     B_c = rng.standard_normal((N, d)) / math.sqrt(d)
     return A_c, B_c, rng.standard_normal((p, N)) / math.sqrt(N)
 
