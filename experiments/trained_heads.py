@@ -8,7 +8,7 @@ The data are scikit-learn's bundled 8 × 8 digits (1,797 images, nothing downloa
 positions and a decoder (d → 10). The analysis replaces a trained LTI layer by its optimal
 H-head truncation under the moments (x̄, Σ) of the layer's own inputs
 ({prf:ref}`prop-covariance-head-count`), with the exact mean path, and measures what the
-classifier loses. Arrays in are numpy or torch; results are float64 numpy.
+classifier loses. Helpers take numpy arrays and return float64 numpy; models take tensors.
 """
 
 from __future__ import annotations
