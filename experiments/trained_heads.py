@@ -1,0 +1,424 @@
+"""Trained SSMs on real data ({ref}`chap-trained-heads`): digits read pixel by pixel, classifiers
+built from lib's layers, and what their trained layers are as head models.
+
+The data are scikit-learn's bundled 8 × 8 digits (1,797 images, nothing downloaded), scaled to
+[0, 1] and read row by row: sequences of n = 64 tokens of width 1. A classifier is an encoder
+(1 → d), residual blocks h ← h + W GELU(layer(LayerNorm h)) around a mixing layer
+(`DiagonalSSM`, `SharedStateSSM`, `SoftmaxAttention`, or a truncation), mean pooling over
+positions and a decoder (d → 10). The analysis replaces a trained LTI layer by its optimal
+H-head truncation under the moments (x̄, Σ) of the layer's own inputs
+({prf:ref}`prop-covariance-head-count`), with the exact mean path, and measures what the
+classifier loses. Helpers take numpy arrays and return float64 numpy; models take tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lib import (DiagonalSSM, RelativeHeads, SharedStateSSM, SoftmaxAttention, fit, heads_needed, min_heads,
+                 optimal_head_errors, population_error, truncated_heads)
+from lib.scan import fft_causal_conv
+
+# -- data --------------------------------------------------------------------------------------
+
+
+class DigitSequences(NamedTuple):
+    """Images as sequences: X (b, 64, 1) float64 in [0, 1], y (b,) int64 labels 0..9."""
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_digit_sequences(test_size: float = 0.25, seed: int = 0) -> DigitSequences:
+    """`sklearn.datasets.load_digits` / 16, pixels row by row, split by a stratified
+    `train_test_split(test_size=test_size, random_state=seed)`."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_digits(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(X / 16.0, y, test_size=test_size, stratify=y,
+                                                        random_state=seed)
+    return DigitSequences(X_train[..., None], y_train.astype(np.int64), X_test[..., None], y_test.astype(np.int64))
+
+
+def logistic_baseline(data: DigitSequences) -> float:
+    """Test accuracy of multinomial logistic regression on the 64 raw pixels (lbfgs, C = 1)."""
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(max_iter=5000).fit(data.X_train[..., 0], data.y_train)
+    return float(model.score(data.X_test[..., 0], data.y_test))
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion successes / trials (z = 1.96: 95 %)."""
+    p, z2 = successes / trials, z * z / trials
+    centre, half = (p + z2 / 2) / (1 + z2), z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials)) / (1 + z2)
+    return centre - half, centre + half
+
+
+# -- classifiers -------------------------------------------------------------------------------
+
+
+class SequenceClassifier(torch.nn.Module):
+    """logits = decoder(mean_i h_i), h ← h + W_m GELU(layer_m(LayerNorm_m h)) for m = 1..M, h = encoder(x) (+ P).
+
+    layers: the mixing layers, torch modules (b, n, d) → (b, n, d) of one width d and dtype
+    (lib models, or `CentredHeads`). positions: if an int n_max, a learned table P (n_max, d),
+    N(0, 0.02²) at first, is added to the encoded tokens (as in GPT and ViT). seed: the torch
+    initialisation of encoder, norms, mixers, decoder and P.
+    """
+
+    def __init__(self, layers: Sequence[torch.nn.Module], *, in_width: int = 1, classes: int = 10,
+                 positions: int | None = None, seed: int = 0) -> None:
+        super().__init__()
+        d, dtype = layers[0].d, layers[0].dtype
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.encoder = torch.nn.Linear(in_width, d, dtype=dtype)
+            self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(d, dtype=dtype) for _ in layers)
+            self.mixers = torch.nn.ModuleList(torch.nn.Linear(d, d, dtype=dtype) for _ in layers)
+            self.decoder = torch.nn.Linear(d, classes, dtype=dtype)
+            table = None if positions is None else 0.02 * torch.randn(positions, d)
+        self.positions = None if table is None else torch.nn.Parameter(table.to(dtype))
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        """Logits (b, classes) of X (b, n, in_width) in the classifier's dtype."""
+        h = self.encode(X)
+        for m in range(len(self.layers)):
+            h = self.block(m, h)
+        return self.decoder(h.mean(1))
+
+    def encode(self, X: torch.Tensor) -> torch.Tensor:
+        """h = encoder(x) (+ P): the input of the first block, (b, n, d)."""
+        h = self.encoder(X)
+        return h if self.positions is None else h + self.positions[: X.shape[1]]
+
+    def block(self, m: int, h: torch.Tensor, layer: torch.nn.Module | None = None) -> torch.Tensor:
+        """Block m on h (b, n, d), with its mixing layer or `layer` in its place."""
+        layer = self.layers[m] if layer is None else layer
+        return h + self.mixers[m](F.gelu(layer(self.norms[m](h))))
+
+    def layer_inputs(self, X: Any) -> list[np.ndarray]:
+        """The input of every mixing layer (after its LayerNorm) on X (b, n, in_width): (b, n, d) each."""
+        inputs = []
+        with torch.no_grad():
+            h = self.encode(self._tensor(X))
+            for m in range(len(self.layers)):
+                inputs.append(self.norms[m](h).double().numpy())
+                h = self.block(m, h)
+        return inputs
+
+    def _tensor(self, X: Any) -> torch.Tensor:
+        return torch.as_tensor(X).detach().to(self.encoder.weight.dtype)
+
+
+def classifier(kind: str, d: int, *, state: int = 32, heads: int = 1, n: int = 64, blocks: int = 2,
+               step_range: tuple[float, float] = (1e-3, 1e-1), seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> SequenceClassifier:
+    """A `SequenceClassifier` with `blocks` mixing layers of width d (layer m seeded seed + m).
+
+    "s4d-lin", "s4d-real": `DiagonalSSM.random(d, state, init="lin" | "real")` (S4D);
+    "s5": `SharedStateSSM.random(d, state)`; "attention": causal `SoftmaxAttention.random` with
+    `heads` heads (d_k = d_v = d / heads), zero relative-position scores for lengths <= n and a
+    learned absolute position table.
+    """
+    layers = []
+    for m in range(blocks):
+        if kind == "s5":
+            layers.append(SharedStateSSM.random(d, state, step_range=step_range, seed=seed + m, dtype=dtype))
+        elif kind == "attention":
+            layers.append(SoftmaxAttention.random(d, d, heads, max_length=n, seed=seed + m, dtype=dtype))
+        else:
+            layers.append(DiagonalSSM.random(d, state, init=kind[4:], step_range=step_range, seed=seed + m,
+                                             dtype=dtype))
+    return SequenceClassifier(layers, positions=n if kind == "attention" else None, seed=seed)
+
+
+def train_classifier(model: SequenceClassifier, data: DigitSequences, *, epochs: int, batch: int = 64,
+                     lr: float = 3e-3, final_lr: float | None = None, seed: int = 0, device: Any = "cpu",
+                     progress: Callable[[str], None] | None = None, label: str = "") -> np.ndarray:
+    """Train in place with `lib.fit` (Adam, cross-entropy) for `epochs` passes over the training set.
+
+    Every epoch visits the training images once in a fresh order (torch.randperm on fit's
+    seeded generator), in minibatches of `batch` (the last one smaller). Returns the loss of
+    every step, shape (epochs · ⌈b / batch⌉,).
+    """
+    X = torch.tensor(data.X_train, dtype=model.encoder.weight.dtype)
+    y = torch.tensor(data.y_train)
+
+    def batches(generator: torch.Generator):
+        while True:
+            order = torch.randperm(len(X), generator=generator)
+            for start in range(0, len(X), batch):
+                yield X[order[start:start + batch]], y[order[start:start + batch]]
+
+    return fit(model, lambda net, X_b, y_b: F.cross_entropy(net(X_b), y_b), batches,
+               steps=epochs * -(-len(X) // batch), lr=lr, final_lr=final_lr, seed=seed, device=device,
+               progress=progress, label=label)
+
+
+def logits(model: SequenceClassifier, X: Any) -> np.ndarray:
+    """The classifier's logits on X (b, n, in_width), without gradients: (b, classes)."""
+    with torch.no_grad():
+        return model(model._tensor(X)).double().numpy()
+
+
+def accuracy(model: SequenceClassifier, X: Any, y: Any) -> float:
+    """The fraction of sequences X (b, n, in_width) whose largest logit is at the label y (b,)."""
+    return float((logits(model, X).argmax(1) == np.asarray(y)).mean())
+
+
+def as_float64(model: SequenceClassifier) -> SequenceClassifier:
+    """A float64 copy of the classifier (its lib layers then compute in float64)."""
+    return copy.deepcopy(model).double()
+
+
+# -- the exact lag span dimension of a trained layer (prop-trained-lag-span) --------------------
+
+
+class LagSpanDimension(NamedTuple):
+    """k; route ("modes" or "extended precision"); σ_k/σ_1 (smallest kept) and σ_{k+1}/σ_1
+    (largest dropped, 0 if none) of the matrix whose rank is k."""
+
+    k: int
+    route: str
+    smallest_kept: float
+    largest_dropped: float
+
+
+def generic_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int) -> int:
+    """The k_n of almost every parameter ({prf:ref}`prop-trained-lag-span`): min(n, d) for a
+    DiagonalSSM, min(N + 1, n) for a SharedStateSSM (proven for N <= d(d − 1))."""
+    return min(layer.N + 1, n) if isinstance(layer, SharedStateSSM) else min(n, layer.d)
+
+
+def exact_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int, *,
+                             digits: int = 50) -> LagSpanDimension:
+    """k_n = dim span{L_0..L_{n−1}} of a trained layer, by a route that float64 rounding cannot blur.
+
+    SharedStateSSM: the rank of its residues (route "modes"; equal nodes merged, their residues
+    summed, as λ = λ̄ for a real mode), {prf:ref}`prop-modal-lag-span` with the skip as the node
+    0: needs n >= the number of distinct nodes, and nodes that are not merely rounding apart
+    (rank rule rtol 1e-10). DiagonalSSM: the rank of the n × d matrix [K[q, ℓ] + δ_ℓ0 D_q] (the
+    diagonals of the lags) computed by mpmath with `digits` significant digits from the
+    float64 parameters (exact binary numbers), counting σ_q > 10^{−(digits − 10)} σ_1.
+    """
+    if isinstance(layer, SharedStateSSM):
+        nodes, residues = (t.numpy() for t in layer.modes())
+        distinct, index = np.unique(nodes, return_inverse=True)  # equal nodes share a residue
+        merged = np.zeros((len(distinct), layer.d * layer.d), dtype=complex)
+        np.add.at(merged, index.ravel(), residues.reshape(len(nodes), -1))
+        return _ranked(np.linalg.svd(merged, compute_uv=False), 1e-10, "modes")
+    return _ranked(_extended_kernel_singular_values(layer, n, digits), 10.0 ** (10 - digits), "extended precision")
+
+
+def _ranked(sigma: np.ndarray, rtol: float, route: str) -> LagSpanDimension:
+    k = int((sigma > rtol * sigma[0]).sum()) if sigma[0] > 0 else 0  # the rank rule of lib
+    kept = float(sigma[k - 1] / sigma[0]) if k else 0.0
+    dropped = float(sigma[k] / sigma[0]) if k < len(sigma) and sigma[0] > 0 else 0.0
+    return LagSpanDimension(k, route, kept, dropped)
+
+
+def _extended_kernel_singular_values(layer: DiagonalSSM, n: int, digits: int) -> np.ndarray:
+    # Singular values of [K[q, ℓ] + δ_ℓ0 D_q] (n × d) in mpmath; the float64 parameters are exact binary numbers.
+    import mpmath
+
+    ctx = mpmath.MPContext()
+    ctx.dps = digits
+    par = {name: getattr(layer, name).detach().double().numpy() for name in ("log_dt", "A_log", "C", "D")}
+    imag = layer.A_imag.detach().double().numpy() if layer.complex else np.zeros_like(par["A_log"])
+    K = ctx.matrix(n, layer.d)
+    for q in range(layer.d):
+        step = ctx.exp(ctx.mpf(par["log_dt"][q]))
+        for m in range(layer.M):
+            lam = ctx.mpc(-ctx.exp(ctx.mpf(par["A_log"][q, m])), ctx.mpf(imag[q, m]))
+            c = ctx.mpc(*par["C"][q, m]) if layer.complex else ctx.mpf(par["C"][q, m])
+            weight, mu = c * ctx.expm1(step * lam) / lam, ctx.exp(step * lam)
+            for ell in range(n):
+                K[ell, q] += 2 * ctx.re(weight) if layer.complex else ctx.re(weight)
+                weight *= mu
+        K[0, q] += ctx.mpf(par["D"][q])
+    return np.array([float(s) for s in ctx.svd_r(K, compute_uv=False)])
+
+
+# -- the moments of a layer's inputs and its truncation (prop-covariance-head-count) ------------
+
+
+def input_moments(inputs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(x̄ (d,), Σ (d, d)): mean and covariance (divisor count) of the tokens of inputs (b, n, d),
+    every position of every sequence alike."""
+    tokens = np.asarray(inputs, dtype=np.float64).reshape(-1, np.shape(inputs)[-1])
+    mean = tokens.mean(0)
+    centred = tokens - mean
+    return mean, centred.T @ centred / len(tokens)
+
+
+class CentredHeads(torch.nn.Module):
+    """H heads on centred tokens plus the exact mean path: ŷ_i = Σ_h Σ_{ℓ<=i} c[h, ℓ] V_h (x_{i−ℓ} − x̄) + ȳ_i.
+
+    With ȳ_i = Σ_{ℓ<=i} L_ℓ x̄, the layer's output on the constant token x̄, the error is that of
+    the heads on the centred tokens ({prf:ref}`prop-covariance-head-count`, part 2). An affine
+    map, not a factorized one unless x̄ = 0. heads: a RelativeHeads; mean: x̄ (d,); mean_path:
+    ȳ (n_max, p). Forward: X (b, n, d) → (b, n, p), tensors in the heads' dtype, by an FFT
+    convolution with L̂_ℓ = Σ_h c[h, ℓ] V_h (one p × d kernel whatever H).
+    """
+
+    def __init__(self, heads: RelativeHeads, mean: Any, mean_path: Any) -> None:
+        super().__init__()
+        self.heads, self.d, self.p, self.H = heads, heads.d, heads.p, heads.H
+        self.register_buffer("mean", torch.as_tensor(mean).to(heads.dtype).clone())
+        self.register_buffer("mean_path", torch.as_tensor(mean_path).to(heads.dtype).clone())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.heads.dtype
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        n = X.shape[1]
+        kernel = self.heads.lags(n).to(X.dtype)
+        return fft_causal_conv(X - self.mean.to(X.dtype), kernel, "fpd,bfd->bfp") + self.mean_path[:n].to(X.dtype)
+
+
+def mean_path(layer: Any, n: int, mean: Any) -> np.ndarray:
+    """ȳ_i = Σ_{ℓ<=i} L_ℓ x̄ for i < n: an LTI layer's output on the constant input x̄ (d,), shape (n, p)."""
+    return np.cumsum(layer.lags(n).detach().double().numpy() @ np.asarray(mean, dtype=np.float64), axis=0)
+
+
+def truncations(layer: Any, n: int, heads: Sequence[int], moments: tuple[Any, Any], *,
+                centre: bool = True) -> dict[int, CentredHeads]:
+    """The optimal H-head truncations of an LTI layer under tokens with moments (x̄, Σ), for H in heads.
+
+    `truncated_heads(layer, n, H, covariance=Σ)` ({prf:ref}`prop-covariance-head-count`) on the
+    centred tokens with the exact mean path (centre=True); centre=False: the same heads on the
+    raw tokens (x̄, ȳ = 0), whose error gains the mean term of the proposition.
+    """
+    mean, covariance = moments
+    mean = np.asarray(mean, dtype=np.float64) if centre else np.zeros(layer.d)
+    path = mean_path(layer, n, mean)
+    return {H: CentredHeads(truncated_heads(layer, n, H, covariance=covariance), mean, path) for H in heads}
+
+
+def _outputs(layer: Any, X: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return layer(torch.from_numpy(X).to(layer.dtype)).double().numpy()
+
+
+def _applied(model: CentredHeads, X: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(X).to(model.dtype)).double().numpy()
+
+
+def truncation_errors(layer: Any, n: int, heads: Sequence[int], moments: tuple[Any, Any],
+                      inputs: Any) -> list[dict]:
+    """Predicted and measured relative squared errors of a layer's H-head truncations, one row per H.
+
+    All relative to the centred output energy. "predicted": Σ_{q>H} σ_q(G_Σ)² / ‖G_Σ‖²_F, the
+    closed form for tokens iid over positions with the moments; "measured": Σ‖y − ŷ‖² / Σ‖y − ȳ‖²
+    on inputs (b, n, d), y the layer's output, ŷ the truncation with the mean path ȳ;
+    "measured, no mean path": the same heads on the raw tokens; "predicted, no mean path":
+    its iid value with the mean term, `population_error(..., covariance=Σ, mean=x̄)` / ‖G_Σ‖²_F.
+    """
+    mean, covariance = moments
+    X = np.asarray(inputs, dtype=np.float64)
+    centred, plain = (truncations(layer, n, heads, moments, centre=c) for c in (True, False))
+    tails = optimal_head_errors(layer, n, max(centred), covariance=covariance)
+    Y = _outputs(layer, X)
+    energy = float(((Y - mean_path(layer, n, mean)) ** 2).sum())
+    rows = []
+    for H in centred:
+        exact = population_error(layer, plain[H].heads, n, covariance=covariance, mean=mean)
+        rows.append({"H": H, "predicted": float(tails[H] / tails[0]),
+                     "measured": float(((Y - _applied(centred[H], X)) ** 2).sum()) / energy,
+                     "predicted, no mean path": exact / float(tails[0]),
+                     "measured, no mean path": float(((Y - _applied(plain[H], X)) ** 2).sum()) / energy})
+    return rows
+
+
+def truncation_error_samples(layer: Any, n: int, heads: Sequence[int], moments: tuple[Any, Any], X: Any, *,
+                             centre: bool = True) -> np.ndarray:
+    """Σ_i ‖y_i − ŷ_i‖² for every sequence of X (b, n, d) and every H-head truncation (`truncations`
+    with `centre`): shape (len(heads), b); y is the layer's output."""
+    X = np.asarray(X, dtype=np.float64)
+    models = truncations(layer, n, heads, moments, centre=centre)
+    Y = _outputs(layer, X)
+    return np.stack([((Y - _applied(models[H], X)) ** 2).sum(axis=(1, 2)) for H in heads])
+
+
+def truncation_sweep(model: SequenceClassifier, X: Any, y: Any, moments: Sequence[tuple[Any, Any]],
+                     heads: Sequence[int], blocks: Sequence[int]) -> list[dict]:
+    """Accuracy when the mixing layers `blocks` (0-based) are replaced by their H-head truncations.
+
+    One row per H in heads: "H", "accuracy" on (X (b, n, in_width), y (b,)), and "logit
+    change", max |logits − trained logits| / max |trained logits|. Layer m is truncated with
+    the mean path under moments[m], the moments of its inputs (`input_moments` of the trained
+    model's `layer_inputs`, for instance); blocks before the first replaced one run once.
+    """
+    X, y, blocks = model._tensor(X), np.asarray(y), sorted(blocks)
+    n = X.shape[1]
+    cut = {m: truncations(model.layers[m], n, heads, moments[m]) for m in blocks}
+    reference = logits(model, X)
+    rows = []
+    with torch.no_grad():
+        h = model.encode(X)
+        for m in range(blocks[0]):
+            h = model.block(m, h)
+        for H in heads:
+            z = h
+            for m in range(blocks[0], len(model.layers)):
+                z = model.block(m, z, cut[m][H] if m in cut else None)
+            out = model.decoder(z.mean(1)).double().numpy()
+            rows.append({"H": H, "accuracy": float((out.argmax(1) == y).mean()),
+                         "logit change": float(np.abs(out - reference).max() / np.abs(reference).max())})
+    return rows
+
+
+def accuracy_knee(heads: Sequence[int], accuracies: Sequence[float], reference: float,
+                  tolerance: float = 0.01) -> int:
+    """The least H in `heads` (increasing) from which every accuracy stays >= reference − tolerance.
+
+    ValueError if even the last accuracy is below.
+    """
+    good = np.asarray(accuracies, dtype=float) >= reference - tolerance
+    if not good[-1]:
+        raise ValueError(f"accuracies never stay within {tolerance} of {reference}: the last is {accuracies[-1]}")
+    bad = np.flatnonzero(~good)
+    return list(heads)[0 if not len(bad) else bad[-1] + 1]
+
+
+# -- report rows: one per model or layer, for the tables of the chapter -------------------------
+
+
+def accuracy_report(models: dict[str, SequenceClassifier], X: Any, y: Any) -> list[dict]:
+    """One row per named classifier: "model", "test accuracy" on (X (b, n, in_width), y (b,)),
+    its 95 % Wilson interval "95 % low", "95 % high", and the number of "parameters"."""
+    rows = []
+    for name, model in models.items():
+        right = round(accuracy(model, X, y) * len(y))
+        low, high = wilson_interval(right, len(y))
+        rows.append({"model": name, "test accuracy": right / len(y), "95 % low": low, "95 % high": high,
+                     "parameters": sum(p.numel() for p in model.parameters())})
+    return rows
+
+
+def lag_span_report(layer: DiagonalSSM | SharedStateSSM, n: int, *, digits: int = 50) -> dict:
+    """"k" (`exact_lag_span_dimension`), "generic" (`generic_lag_span_dimension`), "float64 rank"
+    (`min_heads`), "σ_k/σ_1" and "route" of a trained layer on length n."""
+    exact = exact_lag_span_dimension(layer, n, digits=digits)
+    return {"k": exact.k, "generic": generic_lag_span_dimension(layer, n), "float64 rank": min_heads(layer, n),
+            "σ_k/σ_1": exact.smallest_kept, "route": exact.route}
+
+
+def head_counts(layer: Any, n: int, epsilons: Sequence[float], moments: tuple[Any, Any]) -> dict:
+    """H_ε = `heads_needed` for each ε in epsilons, under the covariance Σ of moments (x̄, Σ)
+    ("H ε=…"; the centred truncation's count, whatever x̄) and under white tokens ("white ε=…")."""
+    counts = {f"H ε={e:g}": heads_needed(layer, n, e, covariance=moments[1]) for e in epsilons}
+    return counts | {f"white ε={e:g}": heads_needed(layer, n, e) for e in epsilons}

@@ -1,0 +1,296 @@
+"""The trained-heads chapter's experiments (experiments.trained_heads): exact k, truncations, classifiers.
+
+Independent references: ranks of small well-conditioned lag matrices by numpy, the witness of
+the genericity proof built by hand, float64 singular values where float64 resolves them, the
+layer run on a constant input, Monte Carlo, the network rebuilt block by block, scipy's Wilson
+interval, and the attention draws made by hand.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import binomtest
+
+from experiments.trained_heads import (DigitSequences, _extended_kernel_singular_values, accuracy, accuracy_knee,
+                                       as_float64, classifier, exact_lag_span_dimension, generic_lag_span_dimension,
+                                       input_moments, load_digit_sequences, logistic_baseline, logits, mean_path,
+                                       train_classifier, truncation_error_samples, truncation_errors,
+                                       truncation_sweep, truncations, wilson_interval)
+from lib import DiagonalSSM, SharedStateSSM, min_heads, optimal_head_errors, relative_error
+
+
+def random_diagonal(d, M, *, complex_modes=True, seed=0):
+    """A DiagonalSSM at a random parameter (not an initialisation: random imaginary parts too)."""
+    rng = np.random.default_rng(seed)
+    C = rng.standard_normal((d, M, 2) if complex_modes else (d, M))
+    return DiagonalSSM(rng.uniform(-3, 0, d), rng.standard_normal((d, M)), C, rng.standard_normal(d),
+                       rng.uniform(-4, 4, (d, M)) if complex_modes else None)
+
+
+def random_shared(d, M, seed=0):
+    rng = np.random.default_rng(seed)
+    return SharedStateSSM(rng.uniform(-3, 0, M), rng.standard_normal(M), rng.uniform(-4, 4, M),
+                          rng.standard_normal((M, d, 2)), rng.standard_normal((d, M, 2)), rng.standard_normal(d))
+
+
+def lags_np(layer, n):
+    return layer.lags(n).numpy(force=True)
+
+
+def lag_rank_np(lags, rtol=1e-10):
+    M = lags.reshape(len(lags), -1)
+    return int(np.linalg.matrix_rank(M, tol=rtol * np.linalg.norm(M, 2)))
+
+
+def outputs(model, X):
+    with torch.no_grad():
+        return model(torch.from_numpy(X).to(model.dtype)).double().numpy()
+
+
+# -- prop-trained-lag-span -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d, M, n", [(3, 2, 2), (3, 2, 3), (3, 1, 8), (4, 3, 6)])
+def test_prop_trained_lag_span_diagonal_generic_value_on_random_parameters(d, M, n):
+    for seed in range(3):
+        for complex_modes in (True, False):
+            layer = random_diagonal(d, M, complex_modes=complex_modes, seed=seed)
+            exact = exact_lag_span_dimension(layer, n, digits=40)
+            assert exact.k == generic_lag_span_dimension(layer, n) == min(n, d) == lag_rank_np(lags_np(layer, n))
+
+
+@pytest.mark.parametrize("d, M, n", [(2, 1, 5), (3, 2, 8), (3, 3, 7), (3, 3, 4), (4, 2, 3)])
+def test_prop_trained_lag_span_shared_generic_value_on_random_parameters(d, M, n):
+    for seed in range(3):
+        layer = random_shared(d, M, seed=seed)
+        assert generic_lag_span_dimension(layer, n) == min(2 * M + 1, n)
+        assert lag_rank_np(lags_np(layer, n)) == min(2 * M + 1, n)   # small, well-conditioned: numpy's rank
+        if n >= 2 * M + 1:
+            assert exact_lag_span_dimension(layer, n).k == min(2 * M + 1, n)
+
+
+def test_prop_trained_lag_span_witness_of_the_proof_attains_n_plus_one():
+    # The proof's witness for d = 3, N = 6 = d(d − 1): Δ = 1, λ_m = −1 + iθ_m, B̄_m = e_β, C[:, m] = e_a + i e_a',
+    # D = e_1; slots (a, β), (a', β) distinct and off (1, 1). k = N + 1 = 7 for n >= 7, n below.
+    d, slots = 3, [((1, 2), 0), ((0, 1), 1), ((0, 1), 2)]          # rows (a, a') in column β (0-based)
+    M = len(slots)
+    theta = np.array([0.5, 1.3, 2.1])
+    lam = -1.0 + 1j * theta
+    factor = np.expm1(lam) / lam
+    B, C = np.zeros((M, d), complex), np.zeros((d, M), complex)
+    for m, ((a, a2), beta) in enumerate(slots):
+        B[m, beta] = 1 / factor[m]
+        C[a, m], C[a2, m] = 1.0, 1j
+    layer = SharedStateSSM(np.zeros(M), np.zeros(M), theta, np.stack([B.real, B.imag], -1),
+                           np.stack([C.real, C.imag], -1), np.array([1.0, 0.0, 0.0]))
+    for n in (3, 5, 7, 12):
+        assert lag_rank_np(lags_np(layer, n)) == min(2 * M + 1, n) == generic_lag_span_dimension(layer, n)
+    assert exact_lag_span_dimension(layer, 12).k == 7
+
+
+def test_prop_trained_lag_span_upper_bounds_and_non_generic_points():
+    # Bounds hold everywhere; equality is generic, not universal.
+    n = 12
+    s5 = SharedStateSSM.random(3, 6, seed=0)                  # S4D-Lin start: λ_0 = −½ is real, μ_0 = μ̄_0
+    assert exact_lag_span_dimension(s5, n).k == 6 < generic_lag_span_dimension(s5, n) == 7
+    assert lag_rank_np(lags_np(s5, n)) <= 6                    # float64 may see even less (small steps)
+    twin = random_diagonal(3, 2, seed=5)                      # two channels with the same kernel and skip
+    with torch.no_grad():
+        for name in ("log_dt", "A_log", "A_imag", "C", "D"):
+            getattr(twin, name)[1] = getattr(twin, name)[0]
+    assert exact_lag_span_dimension(twin, n, digits=40).k == 2 < generic_lag_span_dimension(twin, n) == 3
+    no_skip = random_shared(3, 2, seed=7)
+    with torch.no_grad():
+        no_skip.D.zero_()
+    assert exact_lag_span_dimension(no_skip, n).k == 4           # N without the node 0
+    for layer in (random_shared(2, 3, seed=1), random_diagonal(2, 4, seed=2)):
+        assert lag_rank_np(lags_np(layer, n)) <= min(n, layer.d ** 2, getattr(layer, "N", n) + 1)
+
+
+def test_exact_lag_span_dimension_sees_through_rounding():
+    # Twenty channels of real modes: float64 loses 9 of the 20 dimensions; 50 digits resolve σ_20/σ_1 ~ 1e-29,
+    # and 80 digits agree (the kept singular values are no rounding artefacts).
+    layer = DiagonalSSM.random(20, 4, init="real", seed=0)
+    assert min_heads(layer, 32) == 11
+    exact = exact_lag_span_dimension(layer, 32)
+    assert exact.k == 20 == exact_lag_span_dimension(layer, 32, digits=80).k
+    assert exact.route == "extended precision" and exact.smallest_kept < 1e-25
+    # A genuinely rank-deficient case: channel 1 copies channel 0 (k = 19), σ_20 at the rounding floor.
+    with torch.no_grad():
+        for name in ("log_dt", "A_log", "C", "D"):
+            getattr(layer, name)[1] = getattr(layer, name)[0]
+    twin = exact_lag_span_dimension(layer, 32)
+    assert twin.k == 19 and twin.largest_dropped < 1e-45
+
+
+def test_extended_precision_lags_are_the_float64_lags():
+    # The 50-digit lag diagonals are the layer's own: their singular values match numpy's on the float64 lags
+    # wherever float64 resolves them (a well-conditioned case), for complex and real modes.
+    for layer in (random_diagonal(4, 3, seed=11), random_diagonal(3, 2, complex_modes=False, seed=12)):
+        diagonals = np.einsum("lqq->lq", lags_np(layer, 9))
+        np.testing.assert_allclose(_extended_kernel_singular_values(layer, 9, 50),
+                                   np.linalg.svd(diagonals, compute_uv=False), rtol=1e-11)
+
+
+# -- truncations with the mean path (prop-covariance-head-count, cor-truncation-exact) ---------------
+
+
+def moments_of(d, rank, seed):
+    """(x̄, Σ = S Sᵀ) with a random factor S (d × rank), and S."""
+    rng = np.random.default_rng(seed)
+    S = rng.standard_normal((d, rank))
+    return (rng.standard_normal(d) * 2, S @ S.T), S
+
+
+def test_input_moments_match_numpy():
+    X = np.random.default_rng(0).standard_normal((5, 7, 3)) + np.array([1.0, -2.0, 0.5])
+    mean, covariance = input_moments(X)
+    tokens = X.reshape(-1, 3)
+    np.testing.assert_allclose(mean, tokens.mean(0), rtol=1e-14)
+    np.testing.assert_allclose(covariance, np.cov(tokens.T, bias=True), rtol=1e-12)
+
+
+def test_mean_path_is_the_output_on_a_constant_input():
+    layer, mu = random_shared(3, 2, seed=3), np.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(mean_path(layer, 9, mu), outputs(layer, np.tile(mu, (9, 1))), atol=1e-13)
+
+
+@pytest.mark.parametrize("law", ["gaussian", "uniform"])
+def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law):
+    # Part 3: with the mean path, the error of the centred H-head model is Σ_{q>H} σ_q(G_Σ)² whatever the mean
+    # (Monte Carlo, 4 standard errors), and the CentredHeads forward is heads(x − x̄) + ȳ.
+    layer, n = random_diagonal(3, 2, seed=8), 10
+    moments, S = moments_of(3, 3, 2)
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((30_000, n, 3)) if law == "gaussian" else rng.uniform(-3 ** 0.5, 3 ** 0.5, (30_000, n, 3))
+    X = moments[0] + z @ S.T
+    closed = optimal_head_errors(layer, n, 3, covariance=moments[1])
+    samples = truncation_error_samples(layer, n, [1, 2], moments, X)   # k = 3: H < k keeps a random error
+    for H, e in zip([1, 2], samples):
+        assert abs(e.mean() - closed[H]) < 4 * e.std(ddof=1) / np.sqrt(len(e))
+    for model in truncations(layer, n, [1, 2], moments).values():
+        by_hand = outputs(model.heads, X[:50] - moments[0]) + mean_path(layer, n, moments[0])
+        assert relative_error(outputs(model, X[:50]), by_hand) < 1e-12
+
+
+def test_cor_truncation_exact_on_range_of_sigma_and_not_beyond():
+    # H >= rank G_Σ: the centred truncation equals the layer when x_j − x̄ ∈ range Σ; off that range it need not.
+    layer, n = random_shared(3, 2, seed=4), 10
+    moments, S = moments_of(3, 2, 5)                          # singular Σ
+    k = exact_lag_span_dimension(layer, n).k
+    model = truncations(layer, n, [k], moments)[k]
+    X = moments[0] + np.random.default_rng(0).standard_normal((4, n, 2)) @ S.T
+    assert relative_error(outputs(model, X), outputs(layer, X)) < 1e-10
+    null = np.linalg.svd(moments[1])[2][-1]
+    off = X + null
+    assert relative_error(outputs(model, off), outputs(layer, off)) > 1e-3
+    smaller = truncations(layer, n, [1], moments)[1]
+    assert relative_error(outputs(smaller, X), outputs(layer, X)) > 1e-3
+
+
+def test_cor_truncation_exact_classifier_logits_at_k():
+    # Every block replaced by its k-head truncation with the mean path (moments of the model's layer inputs):
+    # the logits do not change; with fewer heads they do. Random classifiers, random inputs.
+    X = np.random.default_rng(0).random((40, 10, 1))
+    y = np.random.default_rng(1).integers(0, 10, 40)
+    for kind in ("s5", "s4d-lin", "s4d-real"):
+        model = as_float64(classifier(kind, 4, state=4, n=10, seed=3))
+        moments = [input_moments(x) for x in model.layer_inputs(X)]
+        k = max(exact_lag_span_dimension(layer, 10, digits=30).k for layer in model.layers)
+        records = truncation_sweep(model, X, y, moments, [1, k], [0, 1])
+        assert records[1]["logit change"] < 1e-10
+        assert records[0]["logit change"] > 1e-4
+        assert records[1]["accuracy"] == accuracy(model, X, y)
+        # The blocks asked for, and only those, are replaced: the sweep against the network rebuilt by hand.
+        reference = logits(model, X)
+        for blocks in ([0], [1], [0, 1]):
+            swept = truncation_sweep(model, X, y, moments, [1], blocks)[0]
+            h = torch.from_numpy(X)
+            with torch.no_grad():
+                h = model.encoder(h)
+                for m in range(2):
+                    layer = truncations(model.layers[m], 10, [1], moments[m])[1] if m in blocks else model.layers[m]
+                    h = h + model.mixers[m](torch.nn.functional.gelu(layer(model.norms[m](h))))
+                manual = model.decoder(h.mean(1)).numpy()
+            change = np.abs(manual - reference).max() / np.abs(reference).max()
+            assert change > 1e-6 and swept["logit change"] == pytest.approx(change, rel=1e-9)
+
+
+def test_truncation_errors_predicted_column_is_the_closed_form_and_iid_inputs_match_it():
+    layer, n = random_shared(3, 2, seed=9), 12
+    moments, S = moments_of(3, 3, 4)
+    X = moments[0] + np.random.default_rng(2).standard_normal((8_000, n, 3)) @ S.T
+    records = truncation_errors(layer, n, [1, 2], moments, X)
+    tails = optimal_head_errors(layer, n, 2, covariance=moments[1])
+    for record in records:
+        assert record["predicted"] == pytest.approx(tails[record["H"]] / tails[0], rel=1e-12)
+        assert record["measured"] == pytest.approx(record["predicted"], rel=0.03)
+        assert record["measured, no mean path"] == pytest.approx(record["predicted, no mean path"], rel=0.03)
+        assert record["predicted, no mean path"] > record["predicted"]
+
+
+# -- classifiers and data ----------------------------------------------------------------------------
+
+
+def test_load_digit_sequences_is_a_fixed_stratified_split():
+    data = load_digit_sequences()
+    assert data.X_train.shape == (1347, 64, 1) and data.X_test.shape == (450, 64, 1)
+    assert data.X_train.min() == 0.0 and data.X_train.max() == 1.0
+    assert np.abs(np.bincount(data.y_test) * 3 - np.bincount(data.y_train)).max() <= 3
+    again = load_digit_sequences()
+    assert np.array_equal(again.X_test, data.X_test) and np.array_equal(again.y_train, data.y_train)
+    assert logistic_baseline(data) > 0.9
+
+
+def test_wilson_interval_matches_scipy():
+    for k, n in ((0, 10), (3, 10), (437, 450), (450, 450)):
+        ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert wilson_interval(k, n, z=1.959963984540054) == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+def test_accuracy_knee():
+    assert accuracy_knee([1, 2, 3, 4], [0.1, 0.95, 0.5, 0.96], 0.96, 0.02) == 4
+    assert accuracy_knee([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.02) == 2
+    assert accuracy_knee([1, 2], [0.97, 0.96], 0.96) == 1
+    with pytest.raises(ValueError, match="never stay"):
+        accuracy_knee([1, 2], [0.5, 0.6], 0.9)
+
+
+def test_train_classifier_is_deterministic_and_learns():
+    data = load_digit_sequences()
+    small = DigitSequences(data.X_train[:200, :16], data.y_train[:200], data.X_test[:50, :16], data.y_test[:50])
+    runs = []
+    for _ in range(2):
+        model = classifier("s4d-lin", 4, state=4, seed=1)
+        runs.append(train_classifier(model, small, epochs=3, batch=50, lr=1e-2, seed=2))
+    assert runs[0].shape == (12,)
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert runs[0][-4:].mean() < runs[0][:4].mean()
+
+
+def test_classifier_kinds_and_float64_copy():
+    X = np.random.default_rng(0).random((3, 10, 1))
+    for kind in ("s4d-lin", "s4d-real", "s5", "attention"):
+        model = classifier(kind, 4, state=4, heads=2, n=10, seed=0)
+        double = as_float64(model)
+        assert double.encoder.weight.dtype == torch.float64
+        assert all(layer.dtype == torch.float64 for layer in double.layers)
+        np.testing.assert_allclose(logits(double, X), logits(model, X), rtol=1e-4, atol=1e-5)
+    assert classifier("attention", 4, heads=2, n=10).positions.shape == (10, 4)
+    assert classifier("s5", 4, state=4).positions is None
+
+
+def test_attention_classifier_draws_its_projections_by_hand():
+    # Layer m: W_Q, W_K, W_V (H, d/H, d) and W_O (H, d, d/H) with iid N(0, 1/d) entries from default_rng(seed + m),
+    # in that order, and zero relative-position scores.
+    d, H, n, seed = 8, 2, 10, 4
+    model = classifier("attention", d, heads=H, n=n, seed=seed, dtype=torch.float64)
+    for m, layer in enumerate(model.layers):
+        rng = np.random.default_rng(seed + m)
+        for name, shape in (("W_Q", (H, d // H, d)), ("W_K", (H, d // H, d)), ("W_V", (H, d // H, d)),
+                            ("W_O", (H, d, d // H))):
+            np.testing.assert_array_equal(getattr(layer, name).numpy(force=True),
+                                          rng.standard_normal(shape) / math.sqrt(d))
+        assert layer.causal and not layer.position_bias.detach().any() and layer.max_length == n
