@@ -220,7 +220,8 @@ def stack_decay_bound(stack: Stack, n: int, rate: float, *, constants: Any = Non
         log_e[1:] = np.logaddexp(log_e[1:], lk + log_e[:-1])
 
     def log_terms(k: int) -> np.ndarray:  # log e_k C(D + k − 1, k − 1) γ^D
-        return log_e[k] + np.array([math.log(math.comb(int(D) + k - 1, k - 1)) for D in distances]) + distances * log_rate
+        compositions = [math.log(math.comb(int(D) + k - 1, k - 1)) for D in distances]
+        return log_e[k] + np.array(compositions) + distances * log_rate
 
     with np.errstate(under="ignore"):
         if not stack.residual:
@@ -235,9 +236,9 @@ def stack_decay_bound(stack: Stack, n: int, rate: float, *, constants: Any = Non
 
 def planted_key_input(attention: SoftmaxAttention | LinearAttention, n: int, i: int, j: int, *,
                       strength: float = 30.0, head: int = 0, scale: float = 1.0, seed: Any = 0) -> np.ndarray:
-    """An input (n, d) on which query i of `head` attends (almost) only to key j != i ({prf:ref}`prop-attention-highway`).
+    """An input (n, d) on which query i of `head` attends (almost) only to key j != i.
 
-    Background tokens iid N(0, scale² I); x_j is the least-norm solution of
+    {prf:ref}`prop-attention-highway`: background tokens iid N(0, scale² I); x_j is the least-norm solution of
     g_h · x_j + b_h[i − j] = ±strength (+ for `head`, − for the others), g_h = W_Kᵀ W_Q x_i / √d_k,
     b the position bias if any. LinearAttention (elu + 1): W_K^h x_j = ±strength · 1 instead, so
     1 − α = O(1/strength). ValueError when the key cannot be planted (dependent key directions).
