@@ -1,0 +1,1207 @@
+"""Gradient profiles, decay bounds and fits, planted keys, gates, saturation, SSM stacks and hybrids,
+delayed recall (experiments.gradient_highway)."""
+
+import itertools
+import math
+from math import comb
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import linregress
+from scipy.stats import t as student_t
+
+import experiments.gradient_highway as gh
+from experiments.gradient_highway import (
+    RecallResult, RecallTask, decay_report, fit_decay_rate, frozen_gate_response, frozen_gate_search,
+    gate_closing_check, gate_closing_input, gate_closing_profile, gradient_reach, hybrid_stack, initial_gradient_norm,
+    key_price, lag_norms, lti_stack, planted_key_input, planted_key_profile, random_profiles, recall_model,
+    recall_sweep, rnn_jacobian, saturating_input, saturation_subset, scalar_stack, selective_jacobian, signal_sweep,
+    ssm_decay_bound, ssm_layer, stable_ssm, stack_decay_bound, train_recall, with_constant_step)
+from lib import (SSD, ElmanRNN, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, architecture_zoo,
+                 jacobian_blocks, jacobian_norms, s4d_ssm)
+
+FAST = settings(max_examples=15, deadline=None)
+mpow = np.linalg.matrix_power
+
+
+def arr(tensor):
+    """A parameter or a model's output as a numpy array."""
+    return tensor.detach().numpy()
+
+
+def weights(model, X):
+    """The attention weights α^h_ij(X), (H, n, n), of a numpy input."""
+    return arr(model.weights(torch.from_numpy(X)))
+
+
+def full_jacobian(model, X):
+    """The full Jacobian from torch.autograd.functional (an independent route), shape (n, p, n, d)."""
+    return torch.autograd.functional.jacobian(model, torch.from_numpy(X)).numpy()
+
+
+def autograd_block_norms(model, X, i):
+    """‖∂y_i/∂x_j‖_F for j <= i from the full Jacobian of torch.autograd.functional (independent)."""
+    J = full_jacobian(model, X)
+    return np.array([np.linalg.norm(J[i, :, j, :]) for j in range(i + 1)])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (10x on a busy machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- lag_norms ----------------------------------------------------------------
+
+
+@FAST
+@given(n=st.integers(1, 12), N=st.integers(1, 4), d=st.integers(1, 3), p=st.integers(1, 3),
+       radius=st.floats(0.1, 1.2), scale=st.sampled_from([0.0, 1.0, 1e3]), seed=st.integers(0, 999))
+def test_lag_norms_are_C_A_pow_B_and_the_jacobian_norms_for_every_input(n, N, d, p, radius, scale, seed):
+    model = LinearSSM.random(N, d, p, spectral_radius=radius, seed=seed)
+    A, B, C = arr(model.A), arr(model.B), arr(model.C)
+    X = scale * np.random.default_rng(seed).standard_normal((n, d))
+    expected = [np.linalg.norm(C @ mpow(A, n - 1 - j) @ B) for j in range(n)]
+    np.testing.assert_allclose(jacobian_norms(model, X, n - 1), expected, rtol=1e-10, atol=1e-300)
+    np.testing.assert_allclose(lag_norms(model, n)[::-1], expected, rtol=1e-10, atol=1e-300)
+
+
+def test_far_lag_norms_do_not_underflow_when_squared():
+    # Blocks of size ~1e-200: squaring their entries underflows, the norms must not.
+    model = LinearSSM.diagonal([0.1], [[1.0]], [[1.0]])
+    np.testing.assert_allclose(lag_norms(model, 300), 0.1 ** np.arange(300), rtol=1e-12)
+
+
+# -- thm-ssm-gradient-decay ---------------------------------------------------
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thm_ssm_gradient_decay_bound_holds_on_random_stable_systems(rho, seed):
+    N, d, p, n = 6, 3, 2, 80
+    model = LinearSSM.random(N, d, p, spectral_radius=rho, seed=seed)  # non-normal Gaussian A
+    A, B, C = arr(model.A), arr(model.B), arr(model.C)
+    # (1) Gelfand form, any r in (ρ, 1): K = sup_ℓ ‖A^ℓ‖₂ / r^ℓ.  The ratio is checked to have
+    # decayed by the end of the horizon, so the maximum over the horizon is the supremum.
+    r = (1 + 2 * rho) / 3
+    lags = min(4000, int(math.log(1e-200) / math.log(r)))  # r^ℓ stays a normal float
+    ratios = [np.linalg.norm(mpow(A, ell), 2) / r ** ell for ell in range(0, lags, 7)]
+    assert ratios[-1] < 1e-3 * max(ratios)
+    K = max(ratios) * (1 + 1e-9)
+    scale = K * np.linalg.norm(C, 2) * np.linalg.norm(B)
+    # (2) diagonalisable form with the exact rate: K = κ₂(P), r = ρ.
+    _, P = np.linalg.eig(A)
+    kappa = np.linalg.cond(P)
+    exact_scale = kappa * np.linalg.norm(C, 2) * np.linalg.norm(B) * (1 + 1e-9)
+    ell = np.arange(lags)
+    profile = lag_norms(model, lags)
+    assert np.all(profile <= scale * r ** ell)
+    assert np.all(profile <= exact_scale * rho ** ell)
+    # For all inputs: the measured Jacobian is the same at zero, Gaussian and huge inputs.
+    rng = np.random.default_rng(seed)
+    for X in (np.zeros((n, d)), rng.standard_normal((n, d)), 1e6 * rng.standard_normal((n, d))):
+        norms = jacobian_norms(model, X, n - 1)[::-1]
+        np.testing.assert_allclose(norms, profile[:n], rtol=1e-9)
+        assert np.all(norms <= exact_scale * rho ** np.arange(n))
+
+
+def test_thm_ssm_gradient_decay_needs_the_condition_number_for_non_normal_A():
+    # Eigenvalues 0.9 and 0.8, off-diagonal 10: κ₂(P) = 200 and the profile exceeds ‖C‖₂‖B‖_F ρ^D
+    # 70-fold, so a bound without κ₂(P) is false; with it the theorem holds at every distance.
+    model = LinearSSM([[0.9, 10.0], [0.0, 0.8]], np.eye(2), np.eye(2))
+    profile = lag_norms(model, 400)
+    ell = np.arange(400)
+    assert (profile / (np.sqrt(2) * 0.9 ** ell)).max() > 70
+    bound = ssm_decay_bound(model)
+    # Unit eigenvectors e1 and (−100, 1)/√10001: P = [[1, −100 s], [0, s]], s = 1/√10001, whose singular
+    # values satisfy σ₁σ₂ = s and σ₁² + σ₂² = 2, so κ₂(P) = (1 + √(1 − s²))/s = 100 + √10001.
+    assert bound.constant == pytest.approx(100 + math.sqrt(10001), rel=1e-10)
+    assert np.all(profile <= bound.at(ell))
+    # The diagonal case attains the bound: A = diag(0.8, 0.3), B = e1, C = e1ᵀ gives 0.8^ℓ exactly.
+    diagonal = LinearSSM(np.diag([0.8, 0.3]), [[1.0], [0.0]], [[1.0, 0.0]])
+    np.testing.assert_allclose(lag_norms(diagonal, 50), ssm_decay_bound(diagonal).at(np.arange(50)), rtol=1e-12)
+
+
+def test_thm_ssm_gradient_decay_jordan_block_transient():
+    # A = 0.9 I + N (size 4), B = C = I: ‖A^D‖_F² = Σ_k (4 − k) C(D, k)² 0.9^{2(D−k)} for every input;
+    # the profile rises from 2 to about 238 at D = 29 and first drops below 2/e at D = 127.
+    A = 0.9 * np.eye(4) + np.eye(4, k=1)
+    model = LinearSSM(A, np.eye(4), np.eye(4))
+    closed = np.sqrt([sum((4 - k) * (comb(D, k) * 0.9 ** (D - k)) ** 2 for k in range(4)) for D in range(300)])
+    np.testing.assert_allclose(lag_norms(model, 300), closed, rtol=1e-12)
+    X = np.random.default_rng(0).standard_normal((300, 4))
+    np.testing.assert_allclose(jacobian_norms(model, X, 299)[::-1], closed, rtol=1e-10)
+    assert closed[0] == 2.0 and int(closed.argmax()) == 29 and closed.max() == pytest.approx(238.45, abs=0.01)
+    assert int(np.argmax(closed < 2 / np.e)) == 127
+    # The asymptotic rate is still ρ: the local log-slope tends to ln 0.9 (like ln 0.9 + 3/D).
+    slopes = np.diff(np.log(closed))
+    assert abs(slopes[-1] - math.log(0.9)) < 3.5 / 298
+
+
+def test_ssm_decay_bound_is_condition_number_times_norms():
+    model = LinearSSM.random(5, 3, 2, spectral_radius=0.8, seed=3)
+    bound = ssm_decay_bound(model)
+    _, P = np.linalg.eig(arr(model.A))
+    assert bound.constant == pytest.approx(np.linalg.cond(P), rel=1e-10)
+    assert bound.rate == pytest.approx(0.8, rel=1e-10)
+    assert bound.scale == pytest.approx(bound.constant * np.linalg.norm(arr(model.C), 2) * np.linalg.norm(arr(model.B)),
+                                        rel=1e-12)
+    np.testing.assert_allclose(bound.at([0, 1, 3]), bound.scale * 0.8 ** np.array([0, 1, 3]), rtol=1e-12)
+    assert np.all(lag_norms(model, 500) <= bound.at(np.arange(500)))
+
+
+def test_ssm_decay_bound_refuses_defective_A():
+    jordan = LinearSSM([[0.5, 1.0], [0.0, 0.5]], np.eye(2), np.eye(2))
+    with pytest.raises(ValueError, match="ssm must have a diagonalisable A"):
+        ssm_decay_bound(jordan)
+
+
+def test_thm_ssm_gradient_decay_report_against_matrix_powers_and_scipy():
+    ssm = LinearSSM.random(6, 3, 2, spectral_radius=0.8, seed=4)
+    A, B, C = arr(ssm.A), arr(ssm.B), arr(ssm.C)
+    report = decay_report(ssm, 90, start=30)
+    powers = np.array([np.linalg.norm(C @ mpow(A, ell) @ B) for ell in range(90)])
+    np.testing.assert_allclose(report.norms, powers, rtol=1e-10)
+    eigenvalues, P = np.linalg.eig(A)
+    rho = np.abs(eigenvalues).max()
+    bound = np.linalg.cond(P) * np.linalg.norm(C, 2) * np.linalg.norm(B) * rho ** np.arange(90)
+    assert report.bound_ratio == pytest.approx((powers / bound).max(), rel=1e-9)
+    assert report.bound_ratio <= 1
+    line = linregress(np.arange(30, 90), np.log(powers[30:]))
+    assert report.log_rate == pytest.approx(line.slope, rel=1e-9)
+    assert report.points == 60
+    assert report.relative_gap == pytest.approx(abs(line.slope - np.log(rho)) / abs(np.log(rho)), abs=1e-8)
+    row = report.row()
+    assert list(row) == ["radius", "ln rho", "fitted log-rate", "standard error", "relative gap", "points"]
+    assert row["radius"] == pytest.approx(0.8, rel=1e-12) and row["ln rho"] == pytest.approx(np.log(0.8), rel=1e-12)
+    assert row["standard error"] == pytest.approx(line.stderr, rel=1e-6)
+
+
+def test_thm_ssm_gradient_decay_report_is_exact_for_a_scaled_identity():
+    # A = ρI, B = C = I: ‖A^ℓ‖_F = √N ρ^ℓ is the bound itself (κ₂(P) = 1), a line of slope ln ρ.
+    rho = 0.6
+    report = decay_report(LinearSSM(rho * np.eye(3), np.eye(3), np.eye(3)), 40)
+    assert report.bound_ratio == pytest.approx(1.0, rel=1e-12)
+    assert report.log_rate == pytest.approx(np.log(rho), rel=1e-12)
+    assert report.relative_gap < 1e-12
+
+
+def test_lti_profile_to_distance_1e5():
+    model = LinearSSM.random(8, 4, 4, spectral_radius=0.9999, seed=0)
+    profile = lag_norms(model, 100_000)
+    assert profile.shape == (100_000,) and np.all(np.isfinite(profile))
+    assert math.exp(fit_decay_rate(profile, start=20_000)[0]) == pytest.approx(0.9999, abs=1e-7)
+
+
+# -- fit_decay_rate -------------------------------------------------------------
+
+
+def test_fit_decay_rate_is_exact_on_an_exponential():
+    log_rate, stderr, points = fit_decay_rate(3.0 * 0.7 ** np.arange(50))
+    assert log_rate == pytest.approx(math.log(0.7), rel=1e-12)
+    assert points == 50 and stderr < 1e-12
+
+
+def within_t_interval(fit, rho, level=0.95):
+    """Whether log ρ lies in the Student-t interval of the fitted slope (scipy's quantile, independent)."""
+    log_rate, stderr, points = fit
+    return abs(log_rate - math.log(rho)) <= student_t.ppf((1 + level) / 2, points - 2) * stderr
+
+
+def test_fit_decay_rate_standard_error_covers_at_its_level_under_iid_noise():
+    # Under iid Gaussian deviations of log‖J‖ the slope's t-interval from its standard error covers at its level.
+    rng = np.random.default_rng(0)
+    ell = np.arange(12)
+    hits = sum(within_t_interval(fit_decay_rate(np.exp(-0.3 * ell + 0.2 * rng.standard_normal(12))), math.exp(-0.3))
+               for _ in range(1000))
+    assert 0.93 <= hits / 1000 <= 0.97  # ±3 binomial standard deviations
+
+
+def test_fit_decay_rate_is_the_least_squares_line_of_scipy():
+    # On noisy data: slope and its standard error against scipy.stats.linregress.
+    rng = np.random.default_rng(3)
+    ell = np.arange(5, 40)
+    log_norms = 0.7 - 0.2 * ell + 0.3 * rng.standard_normal(ell.size)
+    log_rate, stderr, points = fit_decay_rate(np.exp(np.concatenate([np.zeros(5), log_norms])), start=5)
+    line = linregress(ell, log_norms)
+    assert points == ell.size and log_rate == pytest.approx(line.slope, rel=1e-12)
+    assert stderr == pytest.approx(line.stderr, rel=1e-10)
+
+
+def test_fit_decay_rate_skips_floor_and_respects_window():
+    norms = 0.5 ** np.arange(40.0)
+    norms[30:] = 0.0  # underflowed
+    norms[5] = 7.0  # outside the window
+    log_rate, _, points = fit_decay_rate(norms, start=10, stop=35)
+    assert points == 20
+    assert log_rate == pytest.approx(math.log(0.5), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fit_decay_rate_recovers_rho_for_diagonalisable_A_within_its_interval(seed):
+    # Dominant complex pair ρ e^{±iθ}: the profile is ρ^ℓ times a bounded oscillation,
+    # the regime where residual-based intervals are meaningful.
+    rng = np.random.default_rng(seed)
+    rho = rng.uniform(0.6, 0.97)
+    radii = [rho, rho * rng.uniform(0.3, 0.9), rho * rng.uniform(0.3, 0.9)]
+    eigenvalues = [r * np.exp(s * 1j * theta) for r in radii for theta in [rng.uniform(0.2, 3.0)] for s in (1, -1)]
+    base = arr(LinearSSM.diagonal(eigenvalues, np.eye(6), np.eye(6)).A)
+    P = rng.standard_normal((6, 6))
+    model = LinearSSM(P @ base @ np.linalg.inv(P), rng.standard_normal((6, 3)), rng.standard_normal((2, 6)))
+    stop = int(math.log(1e-250) / math.log(rho))
+    fit = fit_decay_rate(lag_norms(model, stop), start=50)
+    assert within_t_interval(fit, rho)
+    assert math.exp(fit[0]) == pytest.approx(rho, abs=1e-4)
+
+
+def test_fit_decay_rate_recovers_a_real_dominant_eigenvalue_to_rounding():
+    # Dominant real eigenvalue: after the transient the profile is exactly exponential, and
+    # the interval shrinks to rounding level, so compare with a tolerance instead.
+    rng = np.random.default_rng(1)
+    lam = np.array([0.8, -0.5, 0.3, 0.6])
+    P = rng.standard_normal((4, 4))
+    model = LinearSSM(P @ np.diag(lam) @ np.linalg.inv(P), rng.standard_normal((4, 2)), rng.standard_normal((2, 4)))
+    assert math.exp(fit_decay_rate(lag_norms(model, 2000), start=200)[0]) == pytest.approx(0.8, abs=1e-12)
+
+
+# -- gradient_reach ----------------------------------------------------------------------------------------
+
+
+def test_gradient_reach_of_an_lti_ssm_is_log_eps_over_log_rho():
+    rho = 0.8
+    ssm = LinearSSM([[rho]], [[1.0]], [[1.0]])
+    assert gradient_reach(lag_norms(ssm, 200), 1e-3) == int(np.floor(np.log(1e-3) / np.log(rho)))
+
+
+def test_gradient_reach_edge_cases():
+    assert gradient_reach(np.array([1.0, 0.0, 0.0]), 0.5) == 0
+    assert gradient_reach(np.zeros(4)) == 0
+    assert gradient_reach(np.ones(7)) == 6
+
+
+# -- prop-attention-highway ----------------------------------------------------
+
+DISTANCES = [1, 2, 8, 64, 511]  # near, far and the farthest key
+
+
+@pytest.mark.parametrize("heads, head", [(1, 0), (4, 2)])
+def test_prop_attention_highway_planted_key_keeps_jacobian_near_V(heads, head):
+    # Factor [c₁, c₂] = [0.5, 2] at strength s = 30: ‖J_ij − V_h‖ <= (1 − α)‖V_h‖ + (other
+    # heads' weights)·Σ‖V‖ + O(s(1 − α)) and every one of these is < 1e-6 here, so the
+    # stated factor holds with a wide margin; the tighter 1e-6 is checked as well.
+    model = SoftmaxAttention.random(8, 6, heads=heads, seed=heads)
+    values = arr(model.values())
+    V = np.linalg.norm(values[head])
+    n = 512
+    i = n - 1
+    for D in DISTANCES:
+        j = i - D
+        X = planted_key_input(model, n, i, j, strength=30.0, head=head, seed=D)
+        alpha = weights(model, X)[:, i, j]
+        term = np.einsum("h,hpd->pd", alpha, values)  # the one-hop term Σ_h α^h_ij V_h
+        assert alpha[head] >= 1 - 1e-9
+        norm = jacobian_norms(model, X, i)[j]
+        assert 0.5 * V <= norm <= 2 * V
+        assert norm == pytest.approx(V, rel=1e-6)
+        np.testing.assert_allclose(term, values[head], rtol=1e-6, atol=1e-9)
+    # The contrast, for every input: an LTI SSM with ρ = 0.9 is below 1e-3 of its start by D = 100.
+    ssm = LinearSSM.random(6, 8, 6, spectral_radius=0.9, seed=0)
+    profile = jacobian_norms(ssm, np.random.default_rng(0).standard_normal((n, 8)), i)[::-1]
+    assert profile[100] < 1e-3 * profile[0]
+
+
+def test_prop_attention_highway_needs_the_planted_input():
+    # "There exist inputs": on generic inputs the far Jacobian blocks are ~1/n of ‖V‖.
+    model = SoftmaxAttention.random(8, 6, heads=1, seed=1)
+    V = np.linalg.norm(arr(model.values()[0]))
+    X = np.random.default_rng(0).standard_normal((512, 8))
+    far = jacobian_norms(model, X, 511)[:511 - 64]
+    assert np.mean(far) < 0.02 * V
+
+
+def with_projections_of(base, **options):
+    """A SoftmaxAttention with the projections of `base` and other options."""
+    return SoftmaxAttention(base.W_Q, base.W_K, base.W_V, base.W_O, **options)
+
+
+def test_prop_attention_highway_with_position_bias_and_non_causal():
+    rng = np.random.default_rng(0)
+    base = SoftmaxAttention.random(6, 6, 2, seed=0)
+    biased = with_projections_of(base, position_bias=-0.1 * np.arange(300.0)[None].repeat(2, 0))
+    X = planted_key_input(biased, 300, 299, 10, head=1)
+    assert weights(biased, X)[1, 299, 10] >= 1 - 1e-9
+    scores = arr(biased.scores(torch.from_numpy(X)))[:, 299, 10]
+    np.testing.assert_allclose(scores, [-30.0, 30.0], rtol=1e-9)
+    bidirectional = with_projections_of(base, causal=False)
+    X = planted_key_input(bidirectional, 50, 3, 40, head=0, seed=rng)
+    assert weights(bidirectional, X)[0, 3, 40] >= 1 - 1e-9
+    V = np.linalg.norm(arr(bidirectional.values()[0]))
+    # j > i is beyond jacobian_norms (j <= i only): take row 3 of the Jacobian directly.
+    J = torch.autograd.functional.jacobian(lambda Z: bidirectional(Z)[3], torch.from_numpy(X))[:, 40, :]
+    assert np.linalg.norm(J.numpy()) == pytest.approx(V, rel=1e-6)
+
+
+def bisected_score(model, n, i, j, eps, head=0, seed=0, halvings=60):
+    """The smallest planted score with α^h_ij >= 1 − ε, by bisection on lib's weights."""
+    lo, hi = 1e-6, 200.0
+    for _ in range(halvings):
+        mid = (lo + hi) / 2
+        X = planted_key_input(model, n, i, j, strength=mid, head=head, seed=seed)
+        lo, hi = (lo, mid) if weights(model, X)[head, i, j] >= 1 - eps else (mid, hi)
+    return hi
+
+
+def test_prop_attention_highway_needed_score_is_logsumexp_plus_logit():
+    # (i): α_ij >= 1 − ε iff s_ij >= lse_{t≠j} s_it + ln((1−ε)/ε); the other scores are computed here in numpy.
+    model = SoftmaxAttention.random(4, 4, heads=1, seed=3)
+    W_Q, W_K = arr(model.W_Q[0]), arr(model.W_K[0])
+    eps = 1e-3
+    for n in (3, 17, 129, 1025):
+        i, j = n - 1, n // 2 - 1
+        X = planted_key_input(model, n, i, j, strength=1.0, seed=n)  # background only matters
+        scores = np.delete(X @ W_K.T @ (W_Q @ X[i]) / math.sqrt(model.d_k), j)
+        predicted = np.logaddexp.reduce(scores) + math.log((1 - eps) / eps)
+        assert bisected_score(model, n, i, j, eps, seed=n) == pytest.approx(predicted, rel=1e-9)
+        # max <= lse <= max + ln m with m = i other keys: the gap needed grows with the position.
+        assert scores.max() <= predicted - math.log((1 - eps) / eps) <= scores.max() + math.log(i) + 1e-12
+
+
+def test_prop_attention_highway_key_price_is_the_bisected_score_with_bias_and_non_causal():
+    eps = 1e-3
+    base = SoftmaxAttention.random(4, 4, 2, seed=5)
+    cases = [
+        (SoftmaxAttention.random(4, 4, heads=1, seed=3), 0, lambda n: (n - 1, n // 2 - 1)),
+        (with_projections_of(base, position_bias=0.3 * np.random.default_rng(1).standard_normal((2, 200))),
+         1, lambda n: (n - 1, 1)),
+        (with_projections_of(base, causal=False), 0, lambda n: (1, n - 1)),
+    ]
+    for model, head, positions in cases:
+        for n in (3, 17, 65):
+            i, j = positions(n)
+            X = planted_key_input(model, n, i, j, strength=1.0, head=head, seed=n)
+            score, other = key_price(model, X, i, j, eps, head=head)
+            assert score == pytest.approx(bisected_score(model, n, i, j, eps, head, n, halvings=50), rel=1e-9, abs=1e-9)
+            m = i if model.causal else n - 1  # other keys the query sees
+            logit = math.log((1 - eps) / eps)
+            assert logit - 1e-12 <= score - other <= logit + math.log(m) + 1e-12
+
+
+def test_prop_attention_highway_key_price_gap_is_ln_m_when_the_other_scores_are_equal():
+    # The necessity half of (1): equal other scores need the full gap ln(m(1 − ε)/ε).
+    model = SoftmaxAttention.random(3, 3, heads=1, seed=2)
+    eps, n = 1e-2, 50
+    X = np.tile(np.random.default_rng(0).standard_normal(3), (n, 1))
+    score, other = key_price(model, X, n - 1, 10, eps)
+    assert score - other == pytest.approx(math.log((n - 1) * (1 - eps) / eps), rel=1e-12)
+
+
+def test_random_profiles_are_jacobian_norms_on_the_generators_draws():
+    model = SelectiveSSM.random(3, 4, step_range=(0.05, 0.5), seed=2)
+    rng, replay = np.random.default_rng(5), np.random.default_rng(5)
+    profiles = random_profiles(model, 9, 3, rng)
+    expected = [autograd_block_norms(model, replay.standard_normal((9, 3)), 8)[::-1] for _ in range(3)]
+    np.testing.assert_allclose(profiles, expected, rtol=1e-10)
+    assert rng.standard_normal() == replay.standard_normal()  # advanced by exactly those draws
+
+
+def test_prop_attention_highway_planted_key_profile_on_a_layer_and_through_a_stack():
+    layer = SoftmaxAttention.random(4, 4, heads=2, seed=1)
+    n, distances = 24, [1, 5, 23]
+    norms = planted_key_profile(layer, n, distances, head=1, seed=7)
+    for D, value in zip(distances, norms):
+        X = planted_key_input(layer, n, n - 1, n - 1 - D, strength=30.0, head=1, seed=7 + D)
+        assert value == pytest.approx(autograd_block_norms(layer, X, n - 1)[n - 1 - D], rel=1e-10)
+    np.testing.assert_allclose(norms, np.linalg.norm(arr(layer.values()[1])), rtol=1e-6)  # the highway
+    stack = hybrid_stack(4, 3, 2, seed=0)
+    through = planted_key_profile(stack, n, distances, layer=stack.layers[0], strength=20.0, seed=3)
+    for D, value in zip(distances, through):
+        X = planted_key_input(stack.layers[0], n, n - 1, n - 1 - D, strength=20.0, seed=3 + D)
+        assert value == pytest.approx(autograd_block_norms(stack, X, n - 1)[n - 1 - D], rel=1e-10)
+
+
+def test_prop_attention_highway_needs_a_nonzero_value_map():
+    # With V_h = 0 the conclusion ‖J − V_h‖ <= ε‖V_h‖ = 0 would need J = 0 exactly; the other head keeps it non-zero.
+    base = SoftmaxAttention.random(6, 6, 2, seed=0)
+    W_O = arr(base.W_O).copy()
+    W_O[0] = 0.0
+    model = SoftmaxAttention(base.W_Q, base.W_K, base.W_V, W_O)
+    assert np.linalg.norm(arr(model.values()[0])) == 0
+    X = planted_key_input(model, 64, 63, 5, strength=30.0, head=0)
+    assert weights(model, X)[0, 63, 5] >= 1 - 1e-9
+    assert jacobian_norms(model, X, 63)[5] > 0
+
+
+def test_prop_attention_highway_linear_attention_converges_like_one_over_strength():
+    # (iii): for linear attention (elu + 1) the planted key gives ‖J − V_h‖ = O(m / s), not O(e^{−s}).
+    model = LinearAttention.random(4, 4, heads=2, seed=10)
+    V = arr(model.values()[0])
+    n = 64
+    for D in (1, 20):
+        errors = []
+        for s in (1e4, 1e5, 1e6):
+            X = planted_key_input(model, n, n - 1, n - 1 - D, strength=s, seed=D)
+            errors.append(np.linalg.norm(jacobian_blocks(model, X, n - 1)[n - 1 - D] - V) / np.linalg.norm(V))
+        slopes = np.diff(np.log(errors)) / np.log(10.0)
+        np.testing.assert_allclose(slopes, -1.0, atol=0.05)
+        assert errors[-1] < 0.05
+    # At a fixed strength the weight is R/(R + a_j): far from 1 when the position (the number m of
+    # competing keys) is large — the price grows linearly with m, not like ln m.
+    alphas = [weights(model, planted_key_input(model, m + 1, m, 0, strength=30.0, seed=m))[0, m, 0]
+              for m in (8, 64, 512)]
+    assert alphas[0] > alphas[1] > alphas[2] and alphas[2] < 0.5
+
+
+def test_planted_key_input_refuses_keys_that_cannot_be_planted():
+    with pytest.raises(ValueError, match="stacked key maps"):
+        planted_key_input(LinearAttention.random(2, 2, heads=2, d_k=2), 10, 9, 0)
+    with pytest.raises(ValueError, match="cannot be planted"):
+        planted_key_input(SoftmaxAttention.random(2, 2, heads=3), 10, 9, 0)
+
+
+def test_cor_attention_price_bounds_are_attained_by_the_one_dimensional_example():
+    # W_Q = 1, W_K = −1, V = 1, R = 1 (S = 1): x_j = −1, every other token +1 gives α_ij = 1/(1 + i e^{−2})
+    # and J_ij = α(1 + 2(1 − α)) — both bounds of the corollary with equality, at every position i.
+    model = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    for n in (2, 5, 50, 400):
+        i = n - 1
+        for j in {0, i // 2, i - 1}:
+            X = np.ones((n, 1))
+            X[j] = -1.0
+            alpha = 1 / (1 + i * math.exp(-2.0))
+            assert weights(model, X)[0, i, j] == pytest.approx(alpha, rel=1e-12)
+            assert jacobian_blocks(model, X, i)[j, 0, 0] == pytest.approx(alpha * (1 + 2 * (1 - alpha)), rel=1e-12)
+
+
+def test_cor_attention_price_bounds_hold_on_random_and_planted_bounded_inputs():
+    model = SoftmaxAttention.random(4, 3, heads=1, seed=7)
+    R = 1.5
+    S = np.linalg.norm(arr(model.W_K[0]).T @ arr(model.W_Q[0]), 2) * R ** 2 / math.sqrt(model.d_k)
+    V = np.linalg.norm(arr(model.values()[0]), 2)
+    rng = np.random.default_rng(0)
+    n = 200
+    worst = 0.0
+    for trial in range(20):
+        X = rng.standard_normal((n, 4))
+        if trial % 2:  # a planted key, then every token projected back into the ball
+            X = planted_key_input(model, n, n - 1, trial, strength=50.0, seed=trial)
+        X *= R / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-300)  # ‖x_t‖ = R exactly
+        alpha = weights(model, X)[0, n - 1, : n - 1]
+        blocks = jacobian_blocks(model, X, n - 1)[: n - 1]
+        i = n - 1
+        assert np.all(alpha <= 1 / (1 + i * math.exp(-2 * S)) * (1 + 1e-12))
+        norms = np.linalg.norm(blocks, 2, axis=(1, 2))
+        assert np.all(norms <= alpha * (1 + 2 * S * (1 - alpha)) * V * (1 + 1e-10))
+        worst = max(worst, float((norms / ((1 + 2 * S) * V / (1 + i * math.exp(-2 * S)))).max()))
+    assert worst <= 1
+    # The position limit: a highway of accuracy ε needs i <= e^{2S}(2S + ε)/(1 − ε).
+    eps = 0.1
+    limit = math.exp(2 * S) * (2 * S + eps) / (1 - eps)
+    assert (1 + 2 * S) / (1 + (limit + 1) * math.exp(-2 * S)) < 1 - eps
+
+
+def test_attention_jacobian_is_the_one_hop_term_plus_terms_through_the_weights():
+    # ∂y_i/∂x_j = Σ_h α^h_ij V_h + Σ_h α^h_ij V_h (x_j − x̄^h_i) (W_Kᵀ q^h_i)ᵀ/√d_k for j != i.
+    model = SoftmaxAttention.random(4, 3, heads=2, seed=2)
+    X = np.random.default_rng(2).standard_normal((7, 4))
+    alpha, W = weights(model, X), arr(model.operator(torch.from_numpy(X)))
+    V, W_Q, W_K = arr(model.values()), arr(model.W_Q), arr(model.W_K)
+    J = full_jacobian(model, X)
+    for i, j in [(6, 0), (6, 3), (3, 1), (5, 4)]:
+        term = np.einsum("h,hpd->pd", alpha[:, i, j], V)  # the one-hop term Σ_h α^h_ij V_h
+        np.testing.assert_allclose(term, W[i, j], rtol=1e-12, atol=1e-15)
+        rest = sum(alpha[h, i, j] * np.outer(V[h] @ (X[j] - alpha[h, i] @ X), W_K[h].T @ (W_Q[h] @ X[i]))
+                   / math.sqrt(model.d_k) for h in range(2))
+        np.testing.assert_allclose(J[i, :, j, :], term + rest, rtol=1e-10, atol=1e-13)
+
+
+# -- prop-selective-gradient ---------------------------------------------------------------------------
+
+GATED = {
+    "SelectiveSSM": lambda: SelectiveSSM.random(3, 4, step_range=(0.05, 0.5), seed=2),
+    "SSD 2 heads": lambda: SSD.random(4, 3, N=3, heads=2, step_range=(0.05, 0.5), seed=3),
+    "SSD 1 head": lambda: SSD.random(3, 2, N=2, heads=1, seed=4),
+}
+
+
+def steps_of(model, X):
+    """Δ_t = softplus(W_Δ x_t + dt_bias) in numpy, (n, d) per channel or (n, H) per head."""
+    return np.logaddexp(0, X @ arr(model.W_delta).T + arr(model.dt_bias))
+
+
+def hand_selective_jacobian(model, X, i, j):
+    """∂y_i/∂x_j of a SelectiveSSM by central finite differences of a plain-numpy recurrence (independent)."""
+    A, W_B, W_C = -np.exp(arr(model.A_log)), arr(model.W_B), arr(model.W_C)
+
+    def run(Z):
+        delta = steps_of(model, Z)
+        h = np.zeros((model.d, model.N))
+        for t in range(i + 1):
+            h = np.exp(delta[t][:, None] * A) * h + (delta[t] * Z[t])[:, None] * (W_B @ Z[t])[None]
+        return h @ (W_C @ Z[i])
+
+    J = np.zeros((model.d, model.d))
+    for k in range(model.d):
+        step = np.zeros_like(X)
+        step[j, k] = 1e-6
+        J[:, k] = (run(X + step) - run(X - step)) / 2e-6
+    return J
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_prop_selective_gradient_formula_equals_autograd_on_open_random_and_closed_inputs(name):
+    # (1): J_ij = Σ_k e^{−r_k τ_k} modes_k with τ the accumulated step after j — against autograd
+    # through lib's scan, on random inputs, large inputs, and gate-closing inputs.
+    model = GATED[name]()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((7, model.d)), 5 * rng.standard_normal((7, model.d)),
+              gate_closing_input(model, 7, 2, closing=8.0)]
+    for X in inputs:
+        delta = steps_of(model, X)
+        for i in range(7):
+            blocks = jacobian_blocks(model, X, i)
+            for j in range(i + 1):
+                path = selective_jacobian(model, X, i, j)
+                scale = np.abs(blocks[j]).max()
+                np.testing.assert_allclose(path.block, blocks[j], rtol=0, atol=1e-11 * scale)
+                # τ_k: the steps of t = j+1..i (not j), mode by mode.
+                assert path.steps[0] == pytest.approx(delta[j + 1: i + 1, 0].sum(), abs=1e-14)
+
+
+def test_prop_selective_gradient_formula_matches_finite_differences_of_plain_numpy():
+    model = GATED["SelectiveSSM"]()
+    X = np.random.default_rng(1).standard_normal((6, 3))
+    for i, j in [(5, 0), (5, 3), (4, 4), (2, 1)]:
+        np.testing.assert_allclose(selective_jacobian(model, X, i, j).block, hand_selective_jacobian(model, X, i, j),
+                                   rtol=1e-6, atol=1e-8)
+
+
+def test_prop_selective_gradient_bounds_2_and_3_hold_and_are_equalities_for_one_state():
+    # (2) ‖row c‖ <= e^{−a_min τ} ‖C_i‖‖G_c‖ and (3) ‖row c − undecayed row c‖ <= (1 − e^{−a_max τ}) ‖C_i‖‖G_c‖;
+    # with N = 1 both are equalities, so a wrong exponent (a_max for a_min, τ off by a step) fails.
+    for N, equality in ((1, True), (4, False)):
+        model = SelectiveSSM.random(3, N=N, step_range=(0.05, 0.5), seed=N)
+        X = np.random.default_rng(N).standard_normal((12, 3))
+        A = np.exp(arr(model.A_log))
+        delta = steps_of(model, X)
+        for j in (0, 4, 10):
+            path = selective_jacobian(model, X, 11, j)
+            tau = delta[j + 1: 12].sum(0)
+            C = arr(model.W_C) @ X[11]
+            blocks = jacobian_blocks(model, X, 11)[j]
+            for c in range(3):
+                rows = path.modes[c * N:(c + 1) * N, c, :] / C[:, None]  # G_c = ∂h_j[c]/∂x_j, (N, d)
+                factor = np.linalg.norm(C) * np.linalg.norm(rows, 2)
+                upper = np.exp(-A[c].min() * tau[c]) * factor
+                change = (1 - np.exp(-A[c].max() * tau[c])) * factor
+                measured = np.linalg.norm(blocks[c])
+                moved = np.linalg.norm(blocks[c] - path.undecayed[c])
+                assert measured <= upper * (1 + 1e-10) and moved <= change * (1 + 1e-10)
+                if equality:
+                    assert measured == pytest.approx(upper, rel=1e-10)
+                    assert moved == pytest.approx(change, rel=1e-9)
+
+
+def test_prop_selective_gradient_bounded_tokens_keep_every_gate_open():
+    # (a): ‖x_t‖ <= R gives Δ_t[c] >= softplus(b[c] − ‖W_Δ[c]‖ R); the token −R w_c/‖w_c‖ attains it.
+    model = SelectiveSSM.random(3, N=2, seed=5)
+    R = 2.0
+    W, b = arr(model.W_delta), arr(model.dt_bias)
+    floor = np.logaddexp(0, b - np.linalg.norm(W, axis=1) * R)
+    X = np.random.default_rng(0).standard_normal((400, 3))
+    X *= R / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), R)  # inside the ball
+    X[:3] = -R * W / np.linalg.norm(W, axis=1, keepdims=True)          # the minimising tokens
+    delta = arr(model.selection(torch.from_numpy(X))[0])                 # lib's Δ
+    assert np.all(delta >= floor * (1 - 1e-12))
+    np.testing.assert_allclose(np.diag(delta[:3]), floor, rtol=1e-12)
+
+
+# -- cor-gate-closing ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_cor_gate_closing_profile_is_flat_to_a_max_D_e_minus_M(name):
+    model = GATED[name]()
+    n, M = 60, 12.0
+    rate = np.exp(arr(model.A_log)).max()
+    reference = None
+    for D in range(1, n):
+        j = n - 1 - D
+        X = gate_closing_input(model, n, j, closing=M, seed=0)
+        J = jacobian_blocks(model, X, n - 1)[j]
+        path = selective_jacobian(model, X, n - 1, j)
+        undecayed = path.undecayed  # independent of D for D >= 1: the same w, z and h_{j−1} = 0
+        if reference is None:
+            reference = undecayed
+        np.testing.assert_allclose(undecayed, reference, rtol=1e-12, atol=1e-12 * np.abs(reference).max())
+        allowed = rate * D * np.exp(-M) * sum(np.linalg.norm(m) for m in path.modes)
+        assert np.linalg.norm(J - undecayed) <= allowed
+    assert np.linalg.norm(reference) > 0
+    # The gates are closed: every step after j is softplus(−M).
+    X = gate_closing_input(model, n, 10, closing=M)
+    np.testing.assert_allclose(steps_of(model, X)[11:], np.log1p(np.exp(-M)), rtol=1e-6)
+    np.testing.assert_allclose(X[:10], 0.0)
+
+
+def test_cor_gate_closing_gives_full_reach_where_random_inputs_decay():
+    model = SelectiveSSM.random(4, N=4, step_range=(0.1, 1.0), seed=5)
+    n = 64
+    closed = [np.linalg.norm(jacobian_blocks(model, gate_closing_input(model, n, n - 1 - D), n - 1)[n - 1 - D])
+              for D in (1, 8, 63)]
+    random = jacobian_norms(model, np.random.default_rng(0).standard_normal((n, 4)), n - 1)[::-1]
+    np.testing.assert_allclose(closed, closed[0], rtol=1e-12)
+    assert random[40] < 1e-3 * random.max()  # the same layer on a random input: gone by D = 40
+
+
+def test_cor_gate_closing_profile_is_the_autograd_norm_on_each_gate_closing_input():
+    model = GATED["SSD 2 heads"]()
+    n, distances = 30, [0, 1, 7, 29]
+    norms = gate_closing_profile(model, n, distances, closing=12.0, seed=4)
+    for D, value in zip(distances, norms):
+        X = gate_closing_input(model, n, n - 1 - D, closing=12.0, seed=4)
+        assert value == pytest.approx(autograd_block_norms(model, X, n - 1)[n - 1 - D], rel=1e-10)
+    np.testing.assert_allclose(norms[1:], norms[1], rtol=1e-3)  # flat beyond D = 0
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_cor_gate_closing_check_holds_and_fails_when_the_gates_stay_open(name, monkeypatch):
+    model = GATED[name]()
+    ratio, spread = gate_closing_check(model, 16, closing=12.0)
+    assert 0 < ratio <= 1 and spread <= 1e-12
+    # The check can fail: gates closed only to μ = 2 while the bound is taken at μ = 12.
+    close = gh.gate_closing_input
+    monkeypatch.setattr(gh, "gate_closing_input", lambda m, n, j, closing, seed: close(m, n, j, closing=2.0, seed=seed))
+    assert gate_closing_check(model, 16, closing=12.0)[0] > 100
+
+
+def test_gate_closing_input_refuses_gates_that_cannot_all_be_set():
+    # Two channels with one gate row W_Δ = [1, 1] but different biases: no token closes both.
+    singular = SelectiveSSM(np.zeros((2, 2)), [[1.0, 1.0], [1.0, 1.0]], [0.0, 1.0], np.eye(2), np.eye(2))
+    with pytest.raises(ValueError, match="must have full row rank"):
+        gate_closing_input(singular, 5, 1)
+
+
+# -- prop-frozen-gate ------------------------------------------------------------------------------------
+
+def closed_form_response(delta, a, D, B, C):
+    """|C B Δ e^{−ΔaD}|: the lag-D response of prop-frozen-gate written out (the module reads it from the lags)."""
+    return abs(C * B * delta * math.exp(-delta * a * D))
+
+
+@pytest.mark.parametrize("delta, a, D", [(1e-3, 0.7, 0), (0.1, 2.0, 50), (1.0, 0.01, 1000), (3.0, 5.0, 7)])
+def test_prop_frozen_gate_response_from_the_lags_is_the_closed_form(delta, a, D):
+    expected = closed_form_response(delta, a, D, 1.3, -0.4)
+    assert frozen_gate_response(delta, a, D, B=1.3, C=-0.4) == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("D", [5, 50, 500])
+def test_prop_frozen_gate_best_response_with_a_rate_floor_is_one_over_e_a_min_D(D):
+    # (1): over Δ > 0 and a >= a_min the sup of |CBΔ e^{−ΔaD}| is |CB|/(e a_min D), at a = a_min, Δ = 1/(a_min D).
+    a_min, B, C = 0.7, 1.3, -0.4
+    best = abs(B * C) / (np.e * a_min * D)
+    assert frozen_gate_response(1 / (a_min * D), a_min, D, B=B, C=C) == pytest.approx(best, rel=1e-12)
+    steps, rates = np.geomspace(1e-6, 10.0, 301), a_min * np.array([1.0, 7.0, 50.0])
+    response, step, rate = frozen_gate_search(D, steps, rates, B=B, C=C)
+    grid = [closed_form_response(s, a, D, B, C) for s in steps for a in rates]
+    assert response == pytest.approx(max(grid), rel=1e-12)
+    assert (step, rate) == (steps[np.argmax(grid) // 3], rates[np.argmax(grid) % 3])
+    assert response <= best * (1 + 1e-12)
+    assert response == pytest.approx(best, rel=1e-3)
+    exact = frozen_gate_search(D, [0.5 / (a_min * D), 1 / (a_min * D), 2 / (a_min * D)], [a_min, 2 * a_min], B=B, C=C)
+    assert exact[0] == pytest.approx(best, rel=1e-12) and exact[2] == a_min
+
+
+@pytest.mark.parametrize("delta", [0.01, 0.1, 1.0])
+def test_prop_frozen_gate_learnable_rate_removes_the_one_over_D_price(delta):
+    # (2): a = 1/(ΔD) gives |CB|Δ/e at every D, and smaller rates approach |CB|Δ: no 1/D.
+    B, C = 1.3, -0.4
+    for D in (10, 100, 1000):
+        assert frozen_gate_response(delta, 1 / (delta * D), D, B=B, C=C) == pytest.approx(abs(B * C) * delta / np.e,
+                                                                                          rel=1e-12)
+        assert frozen_gate_response(delta, 1e-9, D, B=B, C=C) == pytest.approx(abs(B * C) * delta, rel=1e-5)
+
+
+def test_constant_step_trades_reach_for_amplitude():
+    base = SelectiveSSM.random(2, N=4, seed=0)  # A = −(1, 2, 3, 4) per channel
+    X = np.tile(np.random.default_rng(0).standard_normal(2), (801, 1))  # one token repeated
+    profiles = {}
+    for step in (0.001, 0.002, 0.01, 0.02, 0.2):
+        model = with_constant_step(base, step)
+        np.testing.assert_allclose(steps_of(model, X), step, rtol=1e-12)
+        profiles[step] = jacobian_norms(model, X, 800)[::-1]
+    # The slowest mode (|A| = 1) sets the rate exp(−step) once the faster ones are gone.
+    for step in (0.01, 0.02, 0.2):
+        assert math.exp(fit_decay_rate(profiles[step], start=400)[0]) == pytest.approx(math.exp(-step), abs=2e-5)
+    # The input enters as Δ·B_t x_t: doubling a small Δ about doubles J_ij (exactly 2 e^{−Δ|A_n|} mode by mode).
+    assert profiles[0.002][1] == pytest.approx(2 * profiles[0.001][1], rel=0.01)
+    assert profiles[0.001][800] > 0.01 * profiles[0.001][1]
+    assert profiles[0.001][1] < 0.1 * profiles[0.2][1]
+    assert profiles[0.2][800] < 1e-60 * profiles[0.2][1]
+
+
+# -- prop-rnn-gradient ----------------------------------------------------------------------------------
+
+
+def saturated_product(rnn, subset, M, D):
+    """C (ΦW)^D Φ U with Φ = P_S + sech²(M) P_{S^c}, by numpy matrix powers (independent of the module)."""
+    phi = np.full(rnn.N, 1 / np.cosh(M) ** 2)
+    phi[list(subset)] = 1.0
+    return arr(rnn.C) @ mpow(phi[:, None] * arr(rnn.W), D) @ (phi[:, None] * arr(rnn.U))
+
+
+def test_prop_rnn_gradient_formula_equals_autograd():
+    rnn = ElmanRNN.random(4, 5, 3, seed=1)
+    X = 2 * np.random.default_rng(1).standard_normal((8, 5))
+    for i in range(8):
+        blocks = jacobian_blocks(rnn, X, i)
+        for j in range(i + 1):
+            np.testing.assert_allclose(rnn_jacobian(rnn, X, i, j), blocks[j], rtol=1e-10, atol=1e-13)
+
+
+def test_prop_rnn_gradient_saturating_input_gives_the_principal_block_power():
+    # (b): on one input, J_{i,i−D} = C (ΦW)^D Φ U for every D; here W has ρ(W) = 0.5 but W_00 = 1.5.
+    W = np.array([[1.5, 1.0], [-2.0, -1.5]])
+    assert np.abs(np.linalg.eigvals(W)).max() == pytest.approx(0.5)
+    rnn = ElmanRNN(W, [[1.0, 0.3], [0.2, 1.0]], [[1.0, 0.5]])
+    assert saturation_subset(rnn) == ((0,), pytest.approx(1.5))
+    n = 40
+    for M in (3.0, 20.0):
+        X = saturating_input(rnn, n, (0,), saturation=M)
+        blocks = jacobian_blocks(rnn, X, n - 1)
+        for D in range(n):
+            np.testing.assert_allclose(blocks[n - 1 - D], saturated_product(rnn, (0,), M, D), rtol=1e-8, atol=1e-300)
+    # The limit C_{:,S} W_SS^D U_{S,:} = 1.5^D C_0 U_0: the gradient grows although ρ(W) = 0.5.
+    np.testing.assert_allclose(blocks[0], 1.5 ** (n - 1) * np.outer(arr(rnn.C)[:, 0], arr(rnn.U)[0]), rtol=1e-10)
+
+
+def test_prop_rnn_gradient_contractive_scaling_bounds_every_input_including_adversarial_ones():
+    # (a): W = Λ⁻¹ (0.9 Q) Λ with Q orthogonal, Λ = diag(1, 10, 100): ‖W‖₂ ≫ 1 but ‖ΛWΛ⁻¹‖₂ = 0.9.
+    rng = np.random.default_rng(3)
+    Q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    scale = np.array([1.0, 10.0, 100.0])
+    W = (0.9 * Q) * scale[None, :] / scale[:, None]     # Λ⁻¹ (0.9 Q) Λ
+    assert np.linalg.norm(W, 2) > 5
+    U, C = rng.standard_normal((3, 3)), rng.standard_normal((2, 3))
+    rnn = ElmanRNN(W, U, C)
+    constant = np.linalg.norm(C / scale[None, :], 2) * np.linalg.norm(scale[:, None] * U, 2)
+    n = 30
+    inputs = [rng.standard_normal((n, 3)), 10 * rng.standard_normal((n, 3))]
+    inputs += [saturating_input(rnn, n, S, saturation=M) for M in (1.0, 20.0)
+               for size in (1, 2, 3) for S in itertools.combinations(range(3), size)]
+    for X in inputs:
+        blocks = jacobian_blocks(rnn, X, n - 1)
+        for D in range(n):
+            assert np.linalg.norm(blocks[n - 1 - D], 2) <= constant * 0.9 ** D * (1 + 1e-9)
+    # (c): every principal block of W has spectral radius <= 0.9.
+    assert saturation_subset(rnn)[1] <= 0.9 + 1e-12
+    # Equality for one state held at z = 0: J = C W^D U exactly.
+    scalar = ElmanRNN([[0.8]], [[1.0]], [[2.0]])
+    blocks = jacobian_blocks(scalar, saturating_input(scalar, 20, (0,)), 19)[::-1]
+    np.testing.assert_allclose(blocks[:, 0, 0], 2.0 * 0.8 ** np.arange(20), rtol=1e-12)
+
+
+def brute_force_subset(W):
+    """(ρ(W_SS), S) maximal over every non-empty S, searched here."""
+    N = len(W)
+    return max(((np.abs(np.linalg.eigvals(W[np.ix_(S, S)])).max(), S)
+                for size in range(1, N + 1) for S in itertools.combinations(range(N), size)), key=lambda r: r[0])
+
+
+def test_prop_rnn_gradient_the_zoo_rnn_grows_on_a_saturating_input():
+    rnn = next(model for _, _, model in architecture_zoo(d=4, p=4, seed=0) if isinstance(model, ElmanRNN))
+    W = arr(rnn.W)
+    assert np.abs(np.linalg.eigvals(W)).max() == pytest.approx(0.9)
+    subset, radius = saturation_subset(rnn)
+    brute = brute_force_subset(W)
+    assert subset == brute[1] and radius == pytest.approx(brute[0], rel=1e-12)
+    assert radius > 1
+    n = 128
+    profile = jacobian_norms(rnn, saturating_input(rnn, n), n - 1)[::-1]
+    assert profile[-1] > 100 * profile[1]
+
+
+def test_prop_rnn_gradient_saturation_subset_is_the_brute_force_maximum_on_random_W():
+    # Random W (N = 5): the best principal block is often not a single coordinate.
+    sizes = set()
+    for seed in range(8):
+        rnn = ElmanRNN.random(5, 5, 2, spectral_radius=1.5, seed=seed)
+        best = brute_force_subset(arr(rnn.W))
+        subset, radius = saturation_subset(rnn)
+        assert subset == best[1] and radius == pytest.approx(best[0], rel=1e-12)
+        sizes.add(len(subset))
+    assert max(sizes) >= 2
+
+
+def test_saturating_input_refuses_an_input_map_that_cannot_set_every_state():
+    rnn = ElmanRNN.random(3, 2, 2)  # U is 3 × 2: not of full row rank
+    with pytest.raises(ValueError, match="must have full row rank"):
+        saturating_input(rnn, 5, (0,))
+
+
+# -- stacks: ssm_layer, lti_stack, hybrid_stack, scalar_stack, prop-stack-decay ------------------------
+
+
+def test_ssm_layer_kinds_and_the_hybrid_uses_them():
+    for kind, normal in (("gaussian", False), ("s4d-lin", True), ("s4d-real", True)):
+        A = arr(ssm_layer(kind, 6, 3, 0.8, seed=1).A)
+        eigenvalues = np.linalg.eigvals(A)
+        assert np.abs(eigenvalues).max() == pytest.approx(0.8, rel=1e-12)
+        assert np.allclose(A @ A.T, A.T @ A, atol=1e-12) == normal
+        assert np.allclose(np.abs(eigenvalues), 0.8, rtol=1e-12) == (kind == "s4d-lin")  # every mode |λ| = ρ
+        assert np.allclose(np.angle(eigenvalues), 0.0, atol=1e-12) == (kind == "s4d-real")  # positive real λ
+    hybrid = hybrid_stack(3, 8, 4, ssm="s4d-lin", state_size=6, spectral_radius=0.8, seed=2)
+    attention = [k for k, layer in enumerate(hybrid.layers) if isinstance(layer, SoftmaxAttention)]
+    assert attention == [0, 4]
+    seeds = np.random.SeedSequence(2).spawn(8)
+    np.testing.assert_array_equal(arr(hybrid.layers[1].A), arr(ssm_layer("s4d-lin", 6, 3, 0.8, seed=seeds[1]).A))
+
+
+def test_hybrid_layout_and_seeding():
+    stack = hybrid_stack(4, 6, attention_every=3, heads=2, state_size=5, seed=7)
+    assert [type(layer).__name__ for layer in stack.layers] == ["SoftmaxAttention", "LinearSSM", "LinearSSM"] * 2
+    assert stack.residual and stack.causal and stack.max_length is None
+    assert stack.layers[0].H == 2 and stack.layers[1].N == 5
+    assert abs(np.abs(np.linalg.eigvals(arr(stack.layers[1].A))).max() - 0.9) < 1e-12
+    shifted = hybrid_stack(4, 6, attention_every=3, offset=1, seed=7)
+    assert [type(layer).__name__ for layer in shifted.layers] == ["LinearSSM", "SoftmaxAttention", "LinearSSM"] * 2
+    again = hybrid_stack(4, 6, attention_every=3, heads=2, state_size=5, seed=7)
+    X = torch.from_numpy(np.random.default_rng(0).standard_normal((6, 4)))
+    assert torch.equal(stack(X), again(X))
+    assert not np.allclose(arr(stack.layers[1].A), arr(stack.layers[2].A))  # independent layer streams
+    other = hybrid_stack(4, 6, attention_every=3, heads=2, state_size=5, seed=8)
+    assert not torch.allclose(stack(X), other(X))
+
+
+def test_lti_stack_is_ssm_layers_on_spawned_seeds_plain_and_residual_alike():
+    seeds = np.random.SeedSequence([0, 3]).spawn(3)
+    plain = lti_stack(3, 3, state_size=6, spectral_radius=0.8, ssm="s4d-lin", seed=[0, 3])
+    residual = lti_stack(3, 3, state_size=6, spectral_radius=0.8, ssm="s4d-lin", residual=True, seed=[0, 3])
+    assert not plain.residual and residual.residual and len(plain.layers) == 3
+    for k, s in enumerate(seeds):
+        expected = ssm_layer("s4d-lin", 6, 3, 0.8, seed=s)
+        for layers in (plain.layers, residual.layers):
+            for name in ("A", "B", "C"):
+                np.testing.assert_array_equal(arr(getattr(layers[k], name)), arr(getattr(expected, name)))
+    assert not np.array_equal(arr(plain.layers[0].B), arr(plain.layers[1].B))  # one stream per layer
+
+
+def test_stack_of_stable_ssms_decays_but_one_attention_layer_restores_a_path():
+    hybrid = hybrid_stack(4, 4, attention_every=4, state_size=6, spectral_radius=0.9, seed=0)
+    attention = hybrid.layers[0]
+    assert isinstance(attention, SoftmaxAttention)
+    ssm_only = Stack(list(hybrid.layers[1:]), residual=True)  # the same SSM layers without attention
+    V = np.linalg.norm(arr(attention.values()[0]))
+    n = 512
+    i = n - 1
+    with_attention, without = {}, {}
+    for D in (64, 128, 256, 511):
+        X = planted_key_input(attention, n, i, i - D, strength=30.0, seed=D)
+        with_attention[D] = jacobian_norms(hybrid, X, i)[i - D]
+        without[D] = jacobian_norms(ssm_only, X, i)[::-1]
+    # A distance-independent lower bound through attention.  (Its size varies with the
+    # background: later queries also attend to the large planted key and add SSM-carried paths.)
+    assert min(with_attention.values()) >= 0.5 * V
+    # Exponential (times a polynomial) without it, for these and all other inputs.
+    for D in (256, 511):
+        assert without[D][D] < 1e-6 * without[D][0]
+
+
+def dense_stack_profile(stack, n):
+    """‖J_{n−1, n−1−D}‖_F from the product of the layers' block-Toeplitz matrices, with lags C A^ℓ B
+    from numpy matrix powers and residual identities added explicitly (independent of lib's Stack)."""
+    d = stack.d
+    M = np.eye(n * d)
+    for layer in stack.layers:
+        A, B, C = arr(layer.A), arr(layer.B), arr(layer.C)
+        lags = [C @ mpow(A, ell) @ B for ell in range(n)]
+        T = np.zeros((n * d, n * d))
+        for i in range(n):
+            for j in range(i + 1):
+                T[i * d:(i + 1) * d, j * d:(j + 1) * d] = lags[i - j]
+        M = ((np.eye(n * d) + T) if stack.residual else T) @ M
+    last = M[(n - 1) * d:, :].reshape(d, n, d)
+    return np.array([np.linalg.norm(last[:, n - 1 - D, :]) for D in range(n)])
+
+
+def subset_bound(constants, r, n, d, residual):
+    """The bound of prop-stack-decay written out here: products over subsets of layers (independent)."""
+    L = len(constants)
+    bound = np.zeros(n)
+    sizes = range(1, L + 1) if residual else [L]
+    for s in sizes:
+        for S in itertools.combinations(range(L), s):
+            K = np.prod([constants[m] for m in S])
+            bound += K * np.array([comb(D + s - 1, s - 1) * r ** D for D in range(n)])
+    if residual:
+        bound[0] += np.sqrt(d)
+    return bound
+
+
+@pytest.mark.parametrize("depth, residual", [(1, True), (1, False), (3, True), (3, False), (5, True)])
+def test_prop_stack_decay_bound_holds_and_the_jacobian_is_the_dense_kernel(depth, residual):
+    rho, n, width = 0.8, 40, 2
+    stack = Stack([s4d_ssm(4, width, rho, seed=10 + k) for k in range(depth)], residual=residual)
+    X = np.random.default_rng(depth).standard_normal((n, width))
+    profile = jacobian_norms(stack, X, n - 1)[::-1]
+    np.testing.assert_allclose(profile, dense_stack_profile(stack, n), rtol=1e-9, atol=1e-14)
+    for constants in (None, [ssm_decay_bound(layer).scale for layer in stack.layers]):
+        bound = stack_decay_bound(stack, n, rho, constants=constants)
+        assert bound.shape == (n,) and (profile <= bound * (1 + 1e-9)).all()
+        if constants is not None:  # the theorem's constants, written out independently
+            np.testing.assert_allclose(bound, subset_bound(constants, rho, n, width, residual), rtol=1e-10)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+@pytest.mark.parametrize("residual", [False, True])
+def test_prop_stack_decay_bound_is_attained_by_scalar_layers(depth, residual):
+    # Layers y_t = Σ_ℓ K_m r^ℓ x_{t−ℓ}: every path is positive, so the stack's kernel is the bound.
+    r, n = 0.9, 40
+    constants = [1.0, 0.5, 2.0, 1.5][:depth]
+    stack = Stack([LinearSSM([[r]], [[K]], [[1.0]]) for K in constants], residual=residual)
+    exact = subset_bound(constants, r, n, 1, residual)
+    np.testing.assert_allclose(stack_decay_bound(stack, n, r), exact, rtol=1e-12)
+    profile = jacobian_norms(stack, np.ones((n, 1)), n - 1)[::-1]
+    np.testing.assert_allclose(profile, exact, rtol=1e-10)
+
+
+def test_prop_stack_decay_the_folded_constant_statement_fails_with_residuals():
+    # The old statement K^L C(D+L−1, L−1) r^D for residual stacks (K = 1 here): at D = 0 the residual
+    # stack's Jacobian is 2^L, twice, four, eight times that bound for L = 1, 2, 3.
+    r, n = 0.9, 10
+    for L, ratio in ((1, 2.0), (2, 4.0), (3, 8.0)):
+        layers = [LinearSSM([[r]], [[1.0]], [[1.0]])] * L
+        residual = Stack(layers, residual=True)
+        old_bound = stack_decay_bound(Stack(layers), n, r)  # K^L C(D+L−1, L−1) r^D with K = 1
+        profile = jacobian_norms(residual, np.ones((n, 1)), n - 1)[::-1]
+        assert profile[0] / old_bound[0] == pytest.approx(ratio, rel=1e-12)
+        assert (profile <= stack_decay_bound(residual, n, r) * (1 + 1e-12)).all()
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_prop_stack_decay_scalar_stack_has_lags_kappa_gamma_pow_and_attains_the_bound(residual):
+    gamma, n, constants = 0.7, 30, [1.0, 0.5, 2.0]
+    stack = scalar_stack(constants, gamma, residual=residual)
+    assert stack.residual == residual
+    for layer, K in zip(stack.layers, constants):
+        A, B, C = arr(layer.A), arr(layer.B), arr(layer.C)
+        lags = [(C @ mpow(A, ell) @ B).item() for ell in range(n)]
+        np.testing.assert_allclose(lags, K * gamma ** np.arange(n), rtol=1e-13)
+    profile = jacobian_norms(stack, np.ones((n, 1)), n - 1)[::-1]
+    np.testing.assert_allclose(profile, subset_bound(constants, gamma, n, 1, residual), rtol=1e-10)
+
+
+def test_stack_decay_bound_keeps_tiny_far_lags():
+    # A Jordan block has lags L_ℓ = ℓ r^{ℓ−1} (B = e2, C = e1ᵀ), so K = max_ℓ ℓ / r = (n − 1) / r
+    # sits at the farthest lag, about 1e-177 here: squaring it would underflow to 0.
+    r, n = 0.5, 600
+    stack = Stack([LinearSSM([[r, 1.0], [0.0, r]], [[0.0], [1.0]], [[1.0, 0.0]])])
+    expected = (n - 1) / r * r ** np.arange(n)
+    np.testing.assert_allclose(stack_decay_bound(stack, n, r), expected, rtol=1e-12)
+
+
+def test_stack_decay_bound_refuses_constants_that_do_not_bound_the_lags():
+    ssm = s4d_ssm(2, 2, 0.5, seed=0)
+    with pytest.raises(ValueError, match=r"constants\[0\] = 0.001 does not bound layer 0's lags"):
+        stack_decay_bound(Stack([ssm]), 5, 0.5, constants=[1e-3])
+
+
+# -- delayed recall -----------------------------------------------------------------------------------------
+
+
+def logits(model, X):
+    """The recall models are read at the last position."""
+    return model(X)[:, -1]
+
+
+def radius_angle(ssm):
+    return ssm.parametrizations["A"].original
+
+
+def test_task_places_the_class_token_D_before_the_end():
+    task = RecallTask(5, classes=4, noise=0.3, lead=2)
+    assert task.length == 8
+    X, y = task.sample(500, torch.Generator().manual_seed(0))
+    assert X.shape == (500, 8, 4) and X.dtype == torch.float64 and y.shape == (500,)
+    position = task.length - 1 - task.distance
+    assert position == task.lead
+    np.testing.assert_array_equal(X[:, position].numpy(), np.eye(4)[y.numpy()])
+    background = torch.cat([X[:, :position], X[:, position + 1:]], 1)
+    assert background.std().item() == pytest.approx(0.3, rel=0.05)
+    assert set(y.tolist()) == {0, 1, 2, 3}
+    X2, y2 = task.sample(500, torch.Generator().manual_seed(0))
+    assert torch.equal(X, X2) and torch.equal(y, y2)
+
+
+def test_ssm_model_is_a_stable_lib_linear_ssm():
+    model = stable_ssm(4, state_size=6, seed=0)
+    assert isinstance(model, LinearSSM) and (model.N, model.d, model.p) == (6, 4, 4)
+    radii = np.abs(np.linalg.eigvals(arr(model.A)))
+    assert np.all((0.85 <= radii) & (radii <= 0.95))
+    # A is the rotation-scaling blocks of (sigmoid(ν_k), θ_k), rebuilt here in numpy.
+    nu, theta = arr(radius_angle(model)).T
+    r = 1 / (1 + np.exp(-nu))
+    A = np.zeros((6, 6))
+    for k in range(3):
+        A[2 * k:2 * k + 2, 2 * k:2 * k + 2] = r[k] * np.array([[np.cos(theta[k]), -np.sin(theta[k])],
+                                                               [np.sin(theta[k]), np.cos(theta[k])]])
+    np.testing.assert_allclose(arr(model.A), A, rtol=1e-14, atol=1e-15)
+    with torch.no_grad():
+        radius_angle(model)[:, 0].fill_(40.0)  # any parameter value stays inside the unit disk
+    assert np.abs(np.linalg.eigvals(arr(model.A))).max() <= 1.0
+    assert [name for name, _ in model.named_parameters()] == ["B", "C", "parametrizations.A.original"]
+
+
+def test_recall_model_passes_the_initial_radius_to_the_ssm_layers():
+    task = RecallTask(4)
+    for kind in ("ssm", "hybrid"):
+        model = recall_model(kind, task, seed=0, radius=(0.99, 0.995))
+        layer = model if kind == "ssm" else model.layers[0].layers[0]
+        moduli = torch.sigmoid(radius_angle(layer)[:, 0])
+        assert bool(((moduli >= 0.99) & (moduli <= 0.995)).all())
+
+
+def test_attention_and_hybrid_models_are_lib_models():
+    X = torch.randn(3, 9, 4, dtype=torch.float64)
+    task = RecallTask(11, classes=4)
+    attention = recall_model("attention", task, seed=0)
+    g = torch.Generator().manual_seed(0)  # the documented init: W_Q, W_K, W_V, W_O ~ N(0, 1/K), zero biases
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        assert torch.equal(getattr(attention, name), 0.5 * torch.randn(1, 4, 4, generator=g, dtype=torch.float64))
+    assert isinstance(attention, SoftmaxAttention) and attention.max_length == 12
+    assert torch.equal(attention.position_bias, torch.zeros(1, 12, dtype=torch.float64))
+    hybrid = recall_model("hybrid", task, seed=0)
+    assert isinstance(hybrid, Stack) and not hybrid.residual and hybrid.layers[0].residual
+    ssm, head = hybrid.layers[0].layers[0], hybrid.layers[1]
+    # The hybrid is z = x + ssm(x), then attention(z) without a residual: computed by separate calls.
+    expected = head(X + ssm(X, method="recurrence"))[:, -1]
+    torch.testing.assert_close(logits(hybrid, X), expected, rtol=1e-12, atol=1e-14)
+
+
+def test_train_recall_is_deterministic_and_learns_an_easy_case():
+    task = RecallTask(3, classes=4, noise=0.3)
+    runs = [train_recall(recall_model(kind, task, seed=5), task, steps=4, seed=1, test_size=32, kind=kind)
+            for kind in ("ssm", "ssm", "hybrid", "hybrid")]
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    other = train_recall(recall_model("ssm", task, seed=5), task, steps=4, seed=2, test_size=32)
+    assert other != runs[0]
+    learned = train_recall(recall_model("attention", task, seed=0), task, steps=60, seed=0, test_size=128)
+    assert isinstance(learned, RecallResult)
+    assert learned.accuracy >= 0.9 and learned.loss < 0.5
+    assert (learned.distance, learned.steps, learned.seed) == (3, 60, 0)
+
+
+def test_train_recall_sgd_steps_are_heavy_ball_steps_on_the_autograd_gradient():
+    # optimizer="sgd": p_1 = p_0 − lr g_0, p_2 = p_1 − lr (g_1 + 0.9 g_0) (momentum 0.9), with g_k the
+    # gradient of the cross-entropy on batch k of the seeded stream — recomputed here with torch.autograd.
+    task, lr, seed = RecallTask(3, classes=4, noise=0.3), 0.1, 7
+    trained = recall_model("ssm", task, seed=0)
+    result = train_recall(trained, task, steps=2, optimizer="sgd", lr=lr, seed=seed, batch=5, test_size=16)
+    model = recall_model("ssm", task, seed=0)
+    params = list(model.parameters())
+    data = torch.Generator().manual_seed(seed)
+    previous = None
+    for _ in range(2):
+        X, y = task.sample(5, data)
+        grads = torch.autograd.grad(F.cross_entropy(logits(model, X), y), params)
+        velocity = list(grads) if previous is None else [g + 0.9 * v for g, v in zip(grads, previous)]
+        with torch.no_grad():
+            for p, v in zip(params, velocity):
+                p -= lr * v
+        previous = velocity
+    for expected, got in zip(params, trained.parameters()):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    # The reported accuracy and loss are those of the trained model on the seed + 1_000_003 test batch.
+    X_test, y_test = task.sample(16, torch.Generator().manual_seed(seed + 1_000_003))
+    with torch.no_grad():
+        scores = logits(model, X_test)
+    assert result.accuracy == float((scores.argmax(-1) == y_test).double().mean())
+    assert result.loss == pytest.approx(float(F.cross_entropy(scores, y_test)), rel=1e-12)
+
+
+def test_recall_sweep_order_and_progress():
+    lines = []
+    results = recall_sweep(distances=(1, 2), kinds=("attention", "ssm"), seeds=(0,), steps=2, classes=3,
+                           progress=lines.append)
+    assert [(r.kind, r.distance) for r in results] == [("attention", 1), ("attention", 2), ("ssm", 1), ("ssm", 2)]
+    assert len(lines) == 4 and lines[0].startswith("recall attention")
+
+
+def test_explicit_cpu_device_equals_the_default():
+    task = RecallTask(3, classes=4, noise=0.3)
+    for kind in ("ssm", "attention", "hybrid"):
+        models = [recall_model(kind, task, seed=2) for _ in range(2)]
+        default = train_recall(models[0], task, steps=4, seed=1, test_size=16, kind=kind)
+        explicit = train_recall(models[1], task, steps=4, seed=1, test_size=16, kind=kind, device=torch.device("cpu"))
+        assert default == explicit
+        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+            assert torch.equal(p0, p1) and p1.device.type == "cpu"
+    sweep = dict(distances=(1, 2), kinds=("ssm", "attention"), seeds=(0,), steps=2, classes=3)
+    assert recall_sweep(**sweep) == recall_sweep(**sweep, device="cpu")
+
+
+def test_an_unknown_device_is_refused_and_the_model_stays_on_the_cpu():
+    model = recall_model("attention", RecallTask(2, classes=3))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="device"):
+        train_recall(model, RecallTask(2, classes=3), steps=1, device="nonsense")
+    assert all(torch.equal(a, b) and b.device.type == "cpu" for a, b in zip(before, model.parameters()))
+
+
+def test_initial_gradient_signal_falls_with_distance_for_the_ssm_not_for_attention():
+    # thm-ssm-gradient-decay: on a blank background the only path is C A^D B (ρ ≤ 0.95 here);
+    # prop-attention-highway: attention's one-hop path does not decay exponentially; at
+    # initialisation (zero position bias) its weights are uniform, so the signal goes like 1/n.
+    def signal(kind, D):
+        task = RecallTask(D, noise=0.0)
+        return initial_gradient_norm(recall_model(kind, task, seed=3), task, samples=64, seed=1)
+
+    ssm = [signal("ssm", D) for D in (2, 16, 64)]
+    attention = [signal("attention", D) for D in (2, 16, 64)]
+    assert ssm[0] > ssm[1] > ssm[2]
+    assert ssm[2] < 0.95 ** 40 * ssm[0]
+    scaled = [a * (D + 1) for a, D in zip(attention, (2, 16, 64))]
+    assert max(scaled) < 2 * min(scaled)
+
+
+def test_initial_gradient_norm_is_the_norm_of_the_loss_gradient_over_all_parameters():
+    # Recomputed with torch.autograd.functional on the flattened parameter vector (independent route).
+    task = RecallTask(5, classes=3, noise=0.2)
+    model = recall_model("hybrid", task, seed=1)
+    X, y = task.sample(32, torch.Generator().manual_seed(4))
+    names = [name for name, _ in model.named_parameters()]
+    values = tuple(p.detach().clone() for p in model.parameters())
+
+    def loss(*flat):
+        out = torch.func.functional_call(model, dict(zip(names, flat)), (X,))
+        return F.cross_entropy(out[:, -1], y)
+
+    grads = torch.autograd.functional.jacobian(loss, values)
+    expected = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
+    assert initial_gradient_norm(model, task, samples=32, seed=4) == pytest.approx(expected, rel=1e-12)
+
+
+def test_initial_gradient_norm_is_deterministic_and_leaves_the_model_alone():
+    task = RecallTask(8)
+    model = recall_model("hybrid", task, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    assert initial_gradient_norm(model, task, seed=2) == initial_gradient_norm(model, task, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task():
+    signals = signal_sweep((1, 4), kinds=("ssm", "attention"), seeds=(0, 2), classes=3, samples=16)
+    assert [(s.kind, s.distance, s.seed) for s in signals] == [
+        (kind, D, seed) for kind in ("ssm", "attention") for D in (1, 4) for seed in (0, 2)]
+    for s in signals:
+        task = RecallTask(s.distance, classes=3, noise=0.0)
+        model = recall_model(s.kind, task, seed=s.seed)
+        assert s.gradient_norm == initial_gradient_norm(model, task, samples=16, seed=s.seed)
+    # the blank task: the class token is the only input, so an SSM's signal falls with D
+    ssm = {s.distance: s.gradient_norm for s in signals if s.kind == "ssm" and s.seed == 0}
+    assert ssm[4] < ssm[1]
