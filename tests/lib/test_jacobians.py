@@ -158,6 +158,8 @@ def test_far_norms_do_not_underflow_when_squared():
     (lambda m: jacobian_norms(m, np.full((5, 2), np.inf), 0), ValueError, "X must be finite"),
     (lambda m: jacobian_blocks(m, np.zeros((5, 2), dtype=int), 0), TypeError, "X must have a real floating dtype"),
     (lambda m: jacobian_norms(m, "X", 0), TypeError, "X must be a torch tensor or numpy array"),
+    (lambda m: jacobian_norms(lambda Z: Z, np.zeros((5, 2)), 0), TypeError, "model must be a SequenceMap"),
+    (lambda m: jacobian_blocks(torch.nn.Linear(2, 2), np.zeros((5, 2)), 0), TypeError, "model must be a SequenceMap"),
     (lambda m: jacobian_norms(RelativeHeads.random(1, 4, 2, 2), np.zeros((5, 2)), 0), ValueError,
      "X must have length n <= 4"),
 ])

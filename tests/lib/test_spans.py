@@ -169,6 +169,8 @@ def test_interaction_span_of_a_non_causal_model_takes_every_block():
     (lambda m, x: interaction_rank(m, []), ValueError, "inputs must contain at least one sequence"),
     (lambda m, x: interaction_rank(m, 3), TypeError, "inputs must be an array"),
     (lambda m, x: interaction_rank(m, "X"), TypeError, "inputs must be an array"),
+    (lambda m, x: interaction_span(np.eye(3), x), TypeError, "model must be a SequenceMap"),
+    (lambda m, x: interaction_rank(lambda X: X, x), TypeError, "model must be a SequenceMap"),
 ])
 def test_interaction_span_bad_input_names_the_argument(call, error, match):
     model = SoftmaxAttention.random(3, 3, heads=2, seed=0)
