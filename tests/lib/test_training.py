@@ -189,6 +189,8 @@ def test_imitate_softmax_student_with_position_scores_trains_and_is_scored_on_th
     (lambda s: imitate([SoftmaxAttention.random(2, 2)], TEACHER, steps=1), TypeError,
      "students must be RelativeHeads or SoftmaxAttention with position scores"),
     (lambda s: imitate([], TEACHER), TypeError, "students must be"),
+    (lambda s: imitate(s, TEACHER, steps=1), TypeError, "students must be a sequence"),
+    (lambda s: imitate(None, TEACHER, steps=1), TypeError, "students must be a sequence"),
     (lambda s: imitate([heads(1, n=4), heads(1, n=5)], TEACHER, steps=1), ValueError,
      "RelativeHeads students must share one length"),
     (lambda s: imitate([s], TEACHER, steps=0), ValueError, "steps must be >= 1"),
@@ -198,6 +200,7 @@ def test_imitate_softmax_student_with_position_scores_trains_and_is_scored_on_th
     (lambda s: imitate([s], TEACHER, lr=0.0), ValueError, "lr must be finite and in"),
     (lambda s: imitate([softmax(1)], TEACHER, final_lr=-1.0), ValueError, "final_lr must be finite and in"),
     (lambda s: imitate([s], TEACHER, lr=float("nan")), ValueError, "lr must be finite"),
+    (lambda s: imitate([s], TEACHER, progress="print"), TypeError, "progress must be callable"),
     (lambda s: imitate([softmax(1)], TEACHER, seed=-1), ValueError, "seed must be >= 0"),
     (lambda s: imitate([softmax(1)], TEACHER, held_out=0), ValueError, "held_out must be >= 1"),
     (lambda s: imitate([s], TEACHER, device=0), TypeError, "device must be a str or torch.device"),
@@ -303,10 +306,17 @@ def test_fit_reports_many_losses_and_refuses_divergence():
         fit(Dense(np.ones((2, 2))), exploding, lambda g: iter(lambda: (torch.zeros(1),), None), steps=3, lr=0.1)
 
 
+def _frozen():
+    model = Dense.random(2, 2)
+    return model.requires_grad_(False)
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: fit(np.eye(2), lambda m: 0, lambda g: [], steps=1, lr=0.1), TypeError, "model must be a torch.nn.Module"),
     (lambda: fit(torch.nn.ReLU(), lambda m: 0, lambda g: [], steps=1, lr=0.1), TypeError,
      "model must be a torch.nn.Module with parameters"),
+    (lambda: fit(_frozen(), lambda m: 0, lambda g: [], steps=1, lr=0.1), ValueError,
+     "model must have parameters that require grad"),
     (lambda: fit(Dense.random(2, 2), 3, lambda g: [], steps=1, lr=0.1), TypeError, "loss and batches must be callable"),
     (lambda: fit(Dense.random(2, 2), lambda m: 0, [], steps=1, lr=0.1), TypeError, "loss and batches must be callable"),
     (lambda: fit(Dense.random(2, 2), lambda m: 0, lambda g: [], steps=0, lr=0.1), ValueError, "steps must be >= 1"),
@@ -320,6 +330,8 @@ def test_fit_reports_many_losses_and_refuses_divergence():
      "seed must be >= 0"),
     (lambda: fit(Dense.random(2, 2), lambda m: 0, lambda g: [], steps=1, lr=0.1, seed=1.5), TypeError,
      "seed must be an integer"),
+    (lambda: fit(Dense.random(2, 2), lambda m: 0, lambda g: [], steps=1, lr=0.1, progress="print"), TypeError,
+     "progress must be callable"),
     (lambda: fit(Dense.random(2, 2), lambda m: 0, lambda g: [], steps=1, lr=0.1, device=None), TypeError,
      "device must be a str or torch.device"),
 ])
