@@ -73,7 +73,7 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
             schedule.step()
             history.append(value.detach())
             if progress is not None and (step + 1) % max(steps // 10, 1) == 0:
-                low, high = float(value.min()), float(value.max())
+                low, high = float(value.detach().min()), float(value.detach().max())
                 shown = f"{low:.4g}" if value.numel() == 1 else f"{low:.4g} .. {high:.4g}"
                 progress(f"{label or type(model).__name__} step {step + 1}/{steps}: loss {shown}")
     finally:

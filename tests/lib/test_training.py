@@ -6,6 +6,8 @@ closed-form optimum `optimal_head_errors`, and errors recomputed here with numpy
 lags and from the documented held-out batch.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -172,8 +174,10 @@ def test_imitate_softmax_student_with_position_scores_trains_and_is_scored_on_th
                     dtype=torch.float64).numpy()
     before = batch_errors(student, X).mean()
     lines = []
-    error, history = imitate([student], TEACHER, steps=100, batch=16, seed=0, held_out=512,
-                             progress=lines.append)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # progress reports read the losses without warnings
+        error, history = imitate([student], TEACHER, steps=100, batch=16, seed=0, held_out=512,
+                                 progress=lines.append)[0]
     assert len(lines) == 10 and "step 100/100" in lines[-1] and history.shape == (100,)
     assert error == pytest.approx(batch_errors(student, X).mean(), rel=1e-12)  # the documented batch
     assert error < before
