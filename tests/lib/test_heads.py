@@ -284,6 +284,20 @@ def test_long_sequences_agree_with_dense_route():
                                rtol=1e-9)
 
 
+def test_float32_models_are_counted_from_their_own_parameters_in_float64():
+    # A float32 SSM's lags carry ~1e-7 relative rounding in float32, above the rank rule's 1e-10:
+    # the counts and errors are those of its (rounded) parameters, the lags formed in float64 by numpy.
+    ssm, n = LinearSSM.random(3, 2, 2, spectral_radius=0.9, seed=0, dtype=torch.float32), 20
+    A, B, C = (t.numpy(force=True).astype(np.float64) for t in (ssm.A, ssm.B, ssm.C))
+    rows = np.stack([(C @ np.linalg.matrix_power(A, i - j) @ B).ravel() for i in range(n) for j in range(i + 1)])
+    sigma = np.linalg.svd(rows, compute_uv=False)
+    assert min_heads(ssm, n) == rank_np(rows) == 3
+    np.testing.assert_allclose(optimal_head_errors(ssm, n, 3), [(sigma[H:] ** 2).sum() for H in range(4)],
+                               rtol=1e-9, atol=1e-12 * sigma[0] ** 2)
+    model = heads_from_ssm(ssm, n)
+    assert model.H == 3 and model.dtype == torch.float32 and ssm.dtype == torch.float32
+
+
 def test_zero_head_model_is_a_relative_heads_with_no_heads():
     ssm = ssm_from(0.5 * np.eye(2), np.zeros((2, 3)), np.ones((2, 2)))
     for n in (4, 600):                                     # direct and FFT lengths
