@@ -31,9 +31,9 @@ default; a ratio is the median over the rounds of loop time / route time. Every 
 checked: outputs (and, forward+backward, every gradient) equal the loop's to
 max |Δ| / max |loop| ≤ 1e-10 in float64, ≤ 1e-4 in float32 (the largest over the
 tensors); a row outside its tolerance makes the script exit 1. "auto"'s route is observed
-(the route functions are wrapped), never re-derived. Peak memory of every route in a fresh process at L ≥ 1024. --quick:
-L ≤ 256, and the longest and the target lengths divided by 8 (targets applied there: a
-smoke run, never committed).
+(the route functions are wrapped), never re-derived. Peak memory of every route in a
+fresh process at L ≥ 1024. --quick: L ≤ 256, and the longest and the target lengths
+divided by 8 (targets applied there: a smoke run, never committed).
 """
 
 from __future__ import annotations
