@@ -10,7 +10,7 @@ loop of Mamba's reference `selective_scan_ref`). Ours, per model (`model(X, meth
   `model(X)` in the book takes). L ∈ {16, 64, 256, 1024, 4096, 16384}. Target: ≥ 5× for
   "auto" at L = 4096.
 * `SelectiveSSM` (float32, N = 16, Mamba's initialisation) at widths d = 8, 64, 256 — the
-  width sweep: "scan" (lib._scan.selective_scan, a two-pass chunked scan with a
+  width sweep: "scan" (lib.scan.selective_scan, a two-pass chunked scan with a
   hand-written backward) and "auto", forward and forward+backward
   (y = model(X); torch.autograd.grad(y, [X, *parameters], w)). L = 4096 for d = 8, 64 and
   2048 for d = 256, plus L ∈ {16, 32, 64, 256, 1024} to show where "auto" switches from the
@@ -24,15 +24,16 @@ loop of Mamba's reference `selective_scan_ref`). Ours, per model (`model(X, meth
   L ∈ {16, 64, 256, 1024, 4096}; forward+backward without the quadratic form beyond
   L = 1024 (its L × L decay matrices and their gradients).
 
-Method (benchmarks/harness.py): one thread; all routes of one (model, L, mode) run
-round-robin in one process after a warm-up, 9 rounds by default; a ratio is the median
-over the rounds of loop time / route time. Every row is checked: outputs (and,
-forward+backward, every gradient) equal the loop's to max |Δ| / max |loop| ≤ 1e-10 in
-float64, ≤ 1e-4 in float32 (the largest over the tensors); a row outside its tolerance
-makes the script exit 1. "auto"'s route is observed (the route functions are wrapped),
-never re-derived. Peak memory of every route in a fresh process at L ≥ 1024. --quick:
-L ≤ 256, and the longest and the target lengths divided by 8 (targets applied there: a
-smoke run, never committed).
+Forward, the models' parameters are frozen (`requires_grad_(False)`: no graph is built);
+forward+backward, they require grad. Method (benchmarks/harness.py): one thread; all
+routes of one (model, L, mode) run round-robin in one process after a warm-up, 9 rounds by
+default; a ratio is the median over the rounds of loop time / route time. Every row is
+checked: outputs (and, forward+backward, every gradient) equal the loop's to
+max |Δ| / max |loop| ≤ 1e-10 in float64, ≤ 1e-4 in float32 (the largest over the
+tensors); a row outside its tolerance makes the script exit 1. "auto"'s route is observed
+(the route functions are wrapped), never re-derived. Peak memory of every route in a
+fresh process at L ≥ 1024. --quick: L ≤ 256, and the longest and the target lengths
+divided by 8 (targets applied there: a smoke run, never committed).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Callable  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import lib._scan  # noqa: E402
+import lib.scan  # noqa: E402
 import lib.ssm  # noqa: E402
 from harness import Target, begin, finish, interleaved, max_rel_diff, peak_mib, row  # noqa: E402
 from lib import SSD, LinearSSM, SelectiveSSM  # noqa: E402
@@ -119,6 +120,11 @@ CASES = {
 # --------------------------------------------------------------------------------------
 # Inputs and calls
 # --------------------------------------------------------------------------------------
+def frozen(case: Case):
+    """The case's model with frozen parameters: a forward pass builds no graph."""
+    return case.make().requires_grad_(False)
+
+
 def inputs(model, L: int) -> torch.Tensor:
     """One sequence (batch 1) of standard normal tokens, shape (1, L, d), in the model's dtype."""
     X = np.random.default_rng(L).standard_normal((1, L, model.d))
@@ -165,7 +171,7 @@ def agreement(ours, loop) -> float:
 def prepare(key: str, method: str, L: int, mode: str):
     """(warm, call) for the peak-memory child: one call of ``method`` at length L."""
     case = CASES[key]
-    model = case.make()
+    model = frozen(case)
     trainable = case.make().requires_grad_()
     warm = calls(case, model, trainable, 64, mode)[method]
     return warm, calls(case, model, trainable, L, mode)[method]
@@ -178,19 +184,21 @@ def prepare(key: str, method: str, L: int, mode: str):
 def _recording(model, seen: list):
     """Record which route a forward pass takes, by wrapping the route functions.
 
-    LinearSSM: its methods ``_recurrence`` / ``_scan``; SelectiveSSM and SSD: the module
-    globals of lib.ssm (``selective_loop``, ``selective_scan``, ``ssd_loop``,
-    ``ssd_chunked``, ``ssd_quadratic``), which their ``_forward`` looks up at call time.
+    LinearSSM: its method ``_scan`` (its recurrence is inline in ``forward``: a pass that
+    does not call ``_scan`` took the recurrence); SelectiveSSM and SSD: the module globals
+    of lib.ssm (``selective_loop``, ``selective_scan``, ``ssd_loop``, ``ssd_chunked``,
+    ``ssd_quadratic``), which their ``forward`` looks up at call time.
     """
     if isinstance(model, LinearSSM):
-        for name in ("recurrence", "scan"):
-            original = getattr(model, f"_{name}")
-            setattr(model, f"_{name}", lambda X, _f=original, _n=name: (seen.append(_n), _f(X))[1])
+        calls_before = len(seen)
+        original = model._scan
+        model._scan = lambda X: (seen.append("scan"), original(X))[1]
         try:
             yield
         finally:
-            for name in ("recurrence", "scan"):
-                delattr(model, f"_{name}")
+            del model._scan
+        if len(seen) == calls_before:
+            seen.append("recurrence")
     elif isinstance(model, (SelectiveSSM, SSD)):
         originals = {name: getattr(lib.ssm, name) for name in ROUTE_FUNCTIONS}
         for name, route in ROUTE_FUNCTIONS.items():
@@ -222,7 +230,7 @@ def auto_route(model, L: int) -> str:
 # --------------------------------------------------------------------------------------
 def measure(key: str, case: Case, L: int, mode: str, args, targets: dict) -> tuple[list, bool]:
     """The rows of one (model, L, mode): every route of ours against the loop."""
-    model = case.make()
+    model = frozen(case)
     trainable = case.make().requires_grad_()
     tolerance = TOLERANCE[model.dtype]
     times, out = interleaved(calls(case, model, trainable, L, mode), args.pairs)
@@ -252,13 +260,12 @@ def measure(key: str, case: Case, L: int, mode: str, args, targets: dict) -> tup
 
 
 def routes_alone(case: Case, L: int, mode: str, args) -> tuple[dict, bool]:
-    """lib._scan.selective_scan vs selective_loop on the model's own Δ, A, B, C, x (no selection)."""
-    model = case.make()
+    """lib.scan.selective_scan vs selective_loop on the model's own Δ, A, B, C, x (no selection)."""
+    model = frozen(case)
     X = inputs(model, L)
-    with torch.no_grad():
-        factors = [*model._selection(X), -torch.exp(model._A_log), X]
-    factors = [factors[0], factors[3], factors[1], factors[2], factors[4]]  # Δ, A, B, C, x
-    routes = {"recurrence": lib._scan.selective_loop, "scan": lib._scan.selective_scan}
+    delta, B, C = model.selection(X)
+    factors = [delta, -torch.exp(model.A_log), B, C, X]  # Δ, A, B, C, x
+    routes = {"recurrence": lib.scan.selective_loop, "scan": lib.scan.selective_scan}
     if mode == FORWARD:
         timed = {r: (lambda f=f: f(*factors)) for r, f in routes.items()}
     else:
@@ -273,7 +280,7 @@ def routes_alone(case: Case, L: int, mode: str, args) -> tuple[dict, bool]:
     if failed:
         note = f"OUTPUTS DIFFER: {diff:.1e} > {tolerance:.0e}; " + note
     return row(CAPABILITY, f"{case.family} {mode}, route alone", L, model=case.label,
-               ours="lib._scan.selective_scan", baseline="lib._scan.selective_loop",
+               ours="lib.scan.selective_scan", baseline="lib.scan.selective_loop",
                ours_times=times["scan"], baseline_times=times["recurrence"], max_rel_diff=diff,
                note=note, targets=[Target("max_rel_diff", "<=", tolerance, f"≤ {tolerance:.0e}")]), failed
 

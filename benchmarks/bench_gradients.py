@@ -1,4 +1,4 @@
-"""Benchmark 2: gradient profiles by p reverse passes (lib.gradients.jacobian_norms) vs the full Jacobian.
+"""Benchmark 2: gradient profiles by p reverse passes (lib.jacobian_norms) vs the full Jacobian.
 
     .venv/bin/python benchmarks/bench_gradients.py [--quick] [--pairs 5]
 
@@ -6,7 +6,8 @@ Ours: `jacobian_norms(model, X, i)`, one forward pass and p reverse passes from 
 Baseline: `torch.autograd.functional.jacobian` of the whole map X ↦ Y (an (n·p) × (n·d)
 Jacobian; `vectorize=True`, i.e. all n·p vector–Jacobian products batched with vmap, its
 fastest mode), followed by the norms of the blocks ∂y_i/∂x_j. i = n − 1 (the full
-profile). Both call the model's default forward route (`method="auto"`). Every pair of
+profile). Both call the model's default forward route (`method="auto"`), with the model's
+parameters frozen (`requires_grad_(False)`: only X is differentiated). Every pair of
 results must agree to 1e-10 relative to the largest norm, float64. Target: ≥ 50× at
 n = 2048. Timer and threads: benchmarks/harness.py.
 """
@@ -21,8 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from harness import Target, begin, finish, interleaved, max_rel_diff, row  # noqa: E402
-from lib import LinearSSM, SelectiveSSM, SoftmaxAttention  # noqa: E402
-from lib.gradients import jacobian_norms  # noqa: E402
+from lib import LinearSSM, SelectiveSSM, SoftmaxAttention, jacobian_norms  # noqa: E402
 
 CAPABILITY = "gradients"
 TOLERANCE = 1e-10
@@ -54,7 +54,7 @@ def main() -> int:
     begin(CAPABILITY, "Benchmark 2: jacobian_norms vs torch.autograd.functional.jacobian", args)
     rows, failed = [], False
     for name, (make, sizes) in MODELS.items():
-        model = make()
+        model = make().requires_grad_(False)
         for n in (QUICK_SIZES if args.quick else sizes):
             X = np.random.default_rng(0).standard_normal((n, model.d))
             i = n - 1

@@ -2,13 +2,13 @@
 
     .venv/bin/python benchmarks/bench_heads.py [--quick] [--pairs 5] [--dense-max 1024]
 
-Ours (`lib.heads`): `min_heads` / `optimal_head_errors` from the n lags only
-(O(n p d N) work, O(n p d) memory). Baseline ("dense"): materialise the operator
-ssm.operator(X) of shape (n, n, p, d), stack the n(n+1)/2 blocks with j ≤ i and take
-their singular values (rank with the same rule σ > 1e-10 σ_max; tail energies
-Σ_{r>H} σ_r², which equal optimal_head_errors because the block stack and the weighted
-lag matrix G have the same Gram matrix). Every timed pair is checked: equal ranks, equal
-error curves (rtol 1e-6 relative to the total energy).
+Ours: `lib.min_heads` / `lib.optimal_head_errors` from the n lags only (O(n p d N) work,
+O(n p d) memory). Baseline ("dense"): materialise the operator ssm.operator(X) of shape
+(n, n, p, d) (the parameters are frozen: no autograd graph), stack the n(n+1)/2 blocks
+with j ≤ i and take their singular values (rank with the same rule σ > 1e-10 σ_max; tail
+energies Σ_{r>H} σ_r², which equal optimal_head_errors because the block stack and the
+weighted lag matrix G have the same Gram matrix). Every timed pair is checked: equal
+ranks, equal error curves (rtol 1e-6 relative to the total energy).
 
 Sizes: p = d = 8, N = 64, spectral radius 0.99, n ∈ {256, 1024, 4096}; the dense route
 runs where it fits (see `dense_fits`), ours alone at n = 16384 (targets: about 1 s, under
@@ -28,10 +28,10 @@ import harness  # noqa: F401  (pins the thread pools before numpy / torch load)
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from harness import Target, begin, finish, interleaved, peak_mib, repeat, row  # noqa: E402
-from lib import LinearSSM  # noqa: E402
-from lib.heads import min_heads, optimal_head_errors  # noqa: E402
+from lib import LinearSSM, min_heads, optimal_head_errors  # noqa: E402
 
 CAPABILITY = "heads"
 P = D = 8
@@ -43,11 +43,12 @@ GB = 1e9 / 2**20  # 1 GB in MiB
 
 
 def make_ssm() -> LinearSSM:
-    return LinearSSM.random(N_STATE, D, P, spectral_radius=0.99, seed=0)
+    """The SSM with frozen parameters: its lags and operator are plain tensors (no graph)."""
+    return LinearSSM.random(N_STATE, D, P, spectral_radius=0.99, seed=0).requires_grad_(False)
 
 
 def dense_singular_values(ssm: LinearSSM, n: int) -> np.ndarray:
-    W = ssm.operator(np.zeros((n, ssm.d)))                    # (n, n, p, d)
+    W = ssm.operator(torch.zeros(n, ssm.d, dtype=ssm.dtype)).numpy()  # (n, n, p, d)
     rows, cols = np.tril_indices(n)
     blocks = W[rows, cols].reshape(len(rows), ssm.p * ssm.d)  # every block with j <= i
     del W
@@ -74,7 +75,7 @@ ROUTES = {
 
 def loop_lags(ssm: LinearSSM, n: int) -> np.ndarray:
     """The baseline of the lags: L_ℓ = C A^ℓ B, one matrix product per lag."""
-    A, B, C = ssm.A, ssm.B, ssm.C
+    A, B, C = (t.numpy() for t in (ssm.A, ssm.B, ssm.C))
     power_B, lags = B, np.empty((n, ssm.p, ssm.d))
     for ell in range(n):
         lags[ell] = C @ power_B
@@ -86,7 +87,8 @@ def lag_rows(ssm: LinearSSM, sizes, pairs: int, quick: bool) -> list[dict]:
     """Rows of the lags benchmark: `ssm.lags(n)` (doubling) vs `loop_lags` (per-lag loop)."""
     rows = []
     for n in sizes:
-        times, out = interleaved({"ours": lambda: ssm.lags(n), "loop": lambda: loop_lags(ssm, n)}, pairs)
+        times, out = interleaved({"ours": lambda: ssm.lags(n).numpy(), "loop": lambda: loop_lags(ssm, n)},
+                                 pairs)
         diff = float(np.abs(out["ours"] - out["loop"]).max() / np.abs(out["loop"]).max())
         assert diff <= 1e-10, diff
         targets = [Target("ours_s", "<=", 1.0, "≤ 1 s")] if n == 16384 and not quick else []

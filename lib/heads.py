@@ -10,6 +10,7 @@ with covariance Σ {prf:ref}`prop-covariance-head-count`. Errors are Σ_i E‖y_
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -29,8 +30,12 @@ def _check_lti(ssm: Any, name: str = "ssm") -> Any:
 
 
 def _lags(ssm: Any, n: int, name: str = "ssm") -> np.ndarray:
-    # The lags (n, p, d) of an LTI map as float64 numpy; ValueError if they overflow.
+    # The lags (n, p, d) of an LTI map as float64 numpy; ValueError if they overflow. A float32
+    # model's lags are computed from a float64 copy of its parameters: float32 products carry
+    # ~1e-7 relative noise, which the rank rule (rtol 1e-10) would count as extra heads.
     _check_lti(ssm, name)
+    if isinstance(ssm, torch.nn.Module) and any(t.dtype != torch.float64 for t in ssm.parameters()):
+        ssm = copy.deepcopy(ssm).to(torch.float64)
     with torch.no_grad():
         lags = ssm.lags(n).to(torch.float64).numpy()
     if not np.isfinite(lags).all():

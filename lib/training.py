@@ -46,10 +46,14 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
         raise TypeError(f"model must be a torch.nn.Module with parameters; got {type(model).__name__}")
     if not callable(loss) or not callable(batches):
         raise TypeError("loss and batches must be callable")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None; got {type(progress).__name__}")
     steps, lr = check_int(steps, "steps"), check_real(lr, "lr", low=0, open_interval=True)
     final = lr if final_lr is None else check_real(final_lr, "final_lr", low=0, open_interval=True)
     optimizer = check_choice(optimizer, "optimizer", ("adam", "sgd"))
     device = _device(device)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model must have parameters that require grad; got every parameter frozen")
     stream = iter(batches(torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))))
     model.to(device)
     try:
@@ -69,7 +73,7 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
             schedule.step()
             history.append(value.detach())
             if progress is not None and (step + 1) % max(steps // 10, 1) == 0:
-                low, high = float(value.min()), float(value.max())
+                low, high = float(value.detach().min()), float(value.detach().max())
                 shown = f"{low:.4g}" if value.numel() == 1 else f"{low:.4g} .. {high:.4g}"
                 progress(f"{label or type(model).__name__} step {step + 1}/{steps}: loss {shown}")
     finally:
@@ -126,6 +130,8 @@ def imitate(students: Sequence[RelativeHeads | SoftmaxAttention], teacher: Any, 
     the error on one fixed held-out batch of `held_out` sequences.
     """
     _check_lti(teacher, "teacher")
+    if not isinstance(students, Iterable):
+        raise TypeError(f"students must be a sequence of models; got {type(students).__name__}")
     students = list(students)
     if not students or not all(isinstance(s, (RelativeHeads, SoftmaxAttention)) and s.max_length for s in students):
         raise TypeError("students must be RelativeHeads or SoftmaxAttention with position scores (max_length)")
