@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from ._validation import check_int
 from .attention import LinearAttention, SoftmaxAttention

@@ -49,14 +49,6 @@ def autograd_block_norms(model, X, i):
     return np.array([np.linalg.norm(J[i, :, j, :]) for j in range(i + 1)])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (10x on a busy machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # -- lag_norms ----------------------------------------------------------------
 

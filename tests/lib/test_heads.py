@@ -19,15 +19,6 @@ from lib import (LinearSSM, RelativeHeads, fit_heads, heads_from_ssm, heads_need
                  min_heads, optimal_head_errors, population_error, relative_error, s4d_continuous, s4d_ssm,
                  s4d_step, truncated_heads)
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (20x the CPU time of
-    # the optimisers here on a busy two-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # -- independent references ---------------------------------------------------------
 

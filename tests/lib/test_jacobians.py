@@ -16,15 +16,6 @@ from lib.jacobians import block_norms
 mpow = np.linalg.matrix_power
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (20x the CPU time of
-    # the optimisers here on a busy two-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def full_jacobian(model, X):
     """The full Jacobian from torch.autograd.functional (all n·p outputs), shape (n, p, n, d)."""

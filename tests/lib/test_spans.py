@@ -11,15 +11,6 @@ from lib import (Dense, LinearSSM, SoftmaxAttention, interaction_rank, interacti
                  operator_span)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (20x the CPU time of
-    # the optimisers here on a busy two-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def random_rank_r(rng, m, p, d, r):
     """m operators drawn from a random r-dimensional subspace of ℝ^{p×d}."""

@@ -20,15 +20,6 @@ TEACHER = LinearSSM.random(3, D, D, spectral_radius=0.8, seed=1)   # k = 3 on le
 HELD_OUT_SEED = 20251217                                           # documented in lib.training
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: OpenMP hand-offs between threads cost more than the work (20x the CPU time of
-    # the optimisers here on a busy two-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def heads(H, seed=0, n=N_SEQ, d=D, p=D):
     """The book's RelativeHeads student (the old FactorizedStudent)."""
