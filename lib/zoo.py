@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ._validation import check_int
 from .attention import LinearAttention, SoftmaxAttention
 from .base import SequenceMap
