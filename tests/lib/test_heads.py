@@ -15,7 +15,7 @@ from scipy.linalg import expm
 
 import reference
 
-from lib import (LinearSSM, RelativeHeads, fit_heads, heads_from_ssm, heads_needed, interaction_rank,
+from lib import (DiagonalSSM, LinearSSM, RelativeHeads, SharedStateSSM, fit_heads, heads_from_ssm, heads_needed, interaction_rank,
                  min_heads, optimal_head_errors, population_error, relative_error, s4d_continuous, s4d_ssm,
                  s4d_step, truncated_heads)
 
@@ -588,3 +588,31 @@ HEADS = RelativeHeads.random(1, 5, 2, 2)
 def test_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# -- every model with lags: the S4D and S5 layers, relative-position heads ---------------------
+
+
+def impulse_lags(model, n):
+    """L_ℓ[:, k] = y_ℓ for the input e_k at position 0, from the model's recurrence route."""
+    X = torch.zeros(model.d, n, model.d, dtype=torch.float64)
+    X[torch.arange(model.d), 0, torch.arange(model.d)] = 1.0
+    with torch.no_grad():
+        Y = model(X, method="recurrence") if not isinstance(model, RelativeHeads) else model(X)
+    return Y.numpy().transpose(1, 2, 0)  # (n, p, d)
+
+
+@pytest.mark.parametrize("model", [DiagonalSSM.random(3, 4, seed=1), DiagonalSSM.random(3, 2, init="real", seed=2),
+                                   SharedStateSSM.random(3, 4, seed=3), RelativeHeads.random(2, 8, 3, 3, seed=4)],
+                         ids=["S4D-Lin", "S4D-Real", "S5", "RelativeHeads"])
+def test_head_counts_take_every_model_with_lags(model):
+    n = 8
+    L = impulse_lags(model, n)
+    G = L.reshape(n, -1) * np.sqrt(np.arange(n, 0, -1))[:, None]
+    sigma = np.linalg.svd(G, compute_uv=False)
+    M = np.linalg.svd(L.reshape(n, -1), compute_uv=False)
+    assert min_heads(model, n) == (M > 1e-10 * M[0]).sum()
+    np.testing.assert_allclose(optimal_head_errors(model, n, 4), [(sigma[H:] ** 2).sum() for H in range(5)],
+                               rtol=1e-10, atol=1e-12 * (sigma ** 2).sum())
+    assert population_error(model, truncated_heads(model, n, 2), n) == pytest.approx((sigma[2:] ** 2).sum(),
+                                                                                      rel=1e-9)
