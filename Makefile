@@ -42,10 +42,11 @@ unit: $(STAMP)
 audit: $(STAMP)
 	$(PY) -m bookbuild audit $(AUDIT_ARGS)
 
-# Unit, property and claims tests first (fast feedback), then the book and its offline
-# bundle, then the site audits (which include the bundle's).
+# Unit, property and claims tests first (fast feedback), then the build tooling's slow tests
+# on a small fixture book, then the book and its offline bundle, then the site audits.
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m slow tests/tooling
 	$(PY) -m bookbuild build $(BUILD_ARGS)
 	$(PY) -m bookbuild bundle
 	$(PY) -m bookbuild audit $(AUDIT_ARGS)

@@ -1,35 +1,24 @@
-"""Site audits run by ``make test`` (and ``make audit``) on the last build.
-
-(a) every page in ``_toc.yml`` was rendered from the current staged sources;
-(b) no executed notebook holds an error output;
-(c) no page or stylesheet references an external script, stylesheet, font or image;
-(d) in headless Chromium, after typesetting, every page with math holds at least as many
-    ``mjx-container`` elements as it has math nodes and no ``mjx-merror``, and no output,
-    code or literal block is wider than the page (scrolls sideways); a screenshot of each
-    page lands in ``_build/screenshots/``;
-(e) the build's result tables agree with ``data/results`` within their tolerances;
-(f) the reproduction ledger is complete: every claim has a numerical check within its
-    tolerance, a test and a summary, and its page shows the ledger line under it;
-(g) the site search works offline (headless Chromium finds a known word);
-(h) every figure in the executed notebooks has an opaque white background (dark mode);
-(i) the offline bundle (``make bundle``) is current and complete, its PDF typeset;
-(j) the chapters' notebook pages read like a book (:mod:`bookbuild.reading`).
-"""
+"""Site audits (a)-(j) run by ``make test`` (``make audit``) on the last build; each can fail
+and says what it found. Chromium's audits (d, g) are skipped loudly without a browser, or
+fail with ``--require-browser``."""
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 
 import nbformat
 
 from .book import Book
-from .browser import Browser, find_chromium, serve, typeset_counts
-from .cache import tree_hash
-from .results import compare_all
-from .site import STAMP
+from .browser import Browser, find_chromium, serve
+from .notebook import FIGURE_DPI, MAX_FIGURE_INCHES
+from .site import STAMP, tree_hash
+
+MATH_NODE = re.compile(r'class="math[ "]')
 
 
 @dataclass
@@ -44,125 +33,80 @@ class Audit:
         return not self.problems
 
 
-# --- (a) ------------------------------------------------------------------------------
+def _executed(book: Book):  # (path, executed notebook) of every notebook executed so far
+    return [(nb, nbformat.read(book.executed / nb, as_version=4))
+            for nb in book.notebooks if (book.executed / nb).exists()]
+
+
 def audit_pages(book: Book) -> Audit:
-    result = Audit("(a) every toc page rendered from the current sources")
+    result = Audit("(a) every toc page rendered from the current sources", summary=f"{len(book.pages)} pages")
     stamp = book.html / STAMP
     if not stamp.exists():
         result.problems.append(f"{book.html} has no build stamp: the site was never built")
         return result
     if book.stage.exists() and stamp.read_text().strip() != tree_hash(book.stage):
-        result.problems.append("the site was not built from the current staged sources "
-                               "(a silent or failed build?): run `make book`")
+        result.problems.append("the site was not built from the current staged sources: run `make book`")
     for page in book.pages:
         html = book.html / page.with_suffix(".html")
         if not html.exists():
             result.problems.append(f"{page}: not rendered ({html.relative_to(book.root)} missing)")
         elif "<h1" not in html.read_text(errors="replace"):
             result.problems.append(f"{page}: rendered page has no title (empty page?)")
-    result.summary = f"{len(book.pages)} pages"
     return result
 
 
-# --- (b) ------------------------------------------------------------------------------
 def audit_notebook_errors(book: Book) -> Audit:
-    result = Audit("(b) no error output in executed notebooks")
-    for nb_path in book.notebooks:
-        executed = book.executed / nb_path
-        if not executed.exists():
-            result.problems.append(f"{nb_path}: never executed")
-            continue
-        nb = nbformat.read(executed, as_version=4)
-        for number, cell in enumerate(nb.cells, 1):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    result.problems.append(
-                        f"{nb_path} cell {number}: {out.get('ename')}: {out.get('evalue')}")
-    result.summary = f"{len(book.notebooks)} notebooks"
+    result = Audit("(b) no error output in executed notebooks", summary=f"{len(book.notebooks)} notebooks")
+    executed = dict(_executed(book))
+    result.problems += [f"{nb}: never executed" for nb in book.notebooks if nb not in executed]
+    result.problems += [f"{nb} cell {number}: {out.get('ename')}: {out.get('evalue')}"
+                        for nb, notebook in executed.items()
+                        for number, cell in enumerate(notebook.cells, 1)
+                        for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     return result
 
 
-# --- (c) ------------------------------------------------------------------------------
 _EXTERNAL = re.compile(r"^\s*(https?:)?//", re.I)
-_CSS_EXTERNAL = re.compile(
-    r"(?:url\(\s*['\"]?|@import\s+['\"])\s*((?:https?:)?//[^'\")\s]+)", re.I)
-_RESOURCE_LINK_RELS = {"stylesheet", "preload", "modulepreload", "icon", "shortcut",
-                       "apple-touch-icon", "manifest", "prefetch", "preconnect", "dns-prefetch"}
-
-
-class _ResourceParser(HTMLParser):
-    """Collects URLs a browser would fetch on its own when the page loads."""
-
-    def __init__(self):
-        super().__init__()
-        self.urls: list[tuple[str, str]] = []
-        self.styles: list[str] = []
-        self._in_style = False
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "style":
-            self._in_style = True
-        if a.get("style"):
-            self.styles.append(a["style"])
-        wanted = {"script": ["src"], "img": ["src", "srcset"], "source": ["src", "srcset"],
-                  "iframe": ["src"], "video": ["src", "poster"], "audio": ["src"],
-                  "embed": ["src"], "object": ["data"], "input": ["src"]}.get(tag, [])
-        if tag == "link" and set((a.get("rel") or "").lower().split()) & _RESOURCE_LINK_RELS:
-            wanted = ["href"]
-        for attr in wanted:
-            value = a.get(attr)
-            if value:
-                for url in value.split(",") if attr == "srcset" else [value]:
-                    self.urls.append((f"<{tag} {attr}>", url.strip().split(" ")[0]))
-
-    def handle_endtag(self, tag):
-        if tag == "style":
-            self._in_style = False
-
-    def handle_data(self, data):
-        if self._in_style:
-            self.styles.append(data)
+_CSS_EXTERNAL = re.compile(r"(?:url\(\s*['\"]?|@import\s+['\"])\s*((?:https?:)?//[^'\")\s]+)", re.I)
+_FETCHING_RELS = {"stylesheet", "preload", "modulepreload", "icon", "shortcut", "apple-touch-icon",
+                  "manifest", "prefetch", "preconnect", "dns-prefetch"}
 
 
 def external_resources(html: str) -> list[str]:
-    """Descriptions of every external resource a page would load."""
-    parser = _ResourceParser()
-    parser.feed(html)
-    found = [f"{where} {url}" for where, url in parser.urls if _EXTERNAL.match(url)]
-    for css in parser.styles:
+    """Every external resource a browser would fetch by itself when the page loads."""
+    from bs4 import BeautifulSoup
+
+    found = []
+    for tag in BeautifulSoup(html, "html.parser").find_all(True):
+        attrs = ["src", "srcset", "data", "poster"] if tag.name not in ("a", "link") else []
+        if tag.name == "link" and set(tag.get("rel") or []) & _FETCHING_RELS:
+            attrs = ["href"]
+        for attr in attrs:
+            for url in str(tag.get(attr) or "").split(",") if attr == "srcset" else [tag.get(attr) or ""]:
+                if _EXTERNAL.match(url):
+                    found.append(f"<{tag.name} {attr}> {url.strip().split(' ')[0]}")
+        css = (tag.string or "") if tag.name == "style" else tag.get("style") or ""
         found += [f"inline style {m.group(1)}" for m in _CSS_EXTERNAL.finditer(css)]
     return found
 
 
 def audit_offline(book: Book) -> Audit:
     result = Audit("(c) no external scripts, stylesheets, fonts or images")
-    pages = sorted(book.html.rglob("*.html"))
-    for page in pages:
-        for problem in external_resources(page.read_text(errors="replace")):
-            result.problems.append(f"{page.relative_to(book.html)}: {problem}")
-    sheets = sorted(book.html.rglob("*.css"))
-    for sheet in sheets:
-        for m in _CSS_EXTERNAL.finditer(sheet.read_text(errors="replace")):
-            result.problems.append(f"{sheet.relative_to(book.html)}: {m.group(1)}")
+    pages, sheets = sorted(book.html.rglob("*.html")), sorted(book.html.rglob("*.css"))
+    for path in pages + sheets:
+        text = path.read_text(errors="replace")
+        found = external_resources(text) if path.suffix == ".html" else _CSS_EXTERNAL.findall(text)
+        result.problems += [f"{path.relative_to(book.html)}: {problem}" for problem in found]
     result.summary = f"{len(pages)} pages, {len(sheets)} stylesheets"
     return result
 
 
-# --- (d) ------------------------------------------------------------------------------
-_MATH_NODE = re.compile(r'class="math[ "]')
-
-
 def _browser_for(result: Audit, what: str, require_browser: bool) -> str | None:
-    """Chromium's path, or None after recording the missing browser on ``result``."""
-    binary = find_chromium()
-    if binary is None:
-        message = (f"Chromium not found: {what} did NOT run. "
-                   "Install it with `apt-get install -y chromium` (CI does).")
-        if require_browser:
-            result.problems.append(message)
-        else:
-            result.skipped, result.summary = True, message
+    """Chromium's path, or None after recording on ``result`` that it is missing."""
+    if (binary := find_chromium()) is None:
+        message = f"Chromium not found: {what} did NOT run. Install it: `apt-get install -y chromium`."
+        result.problems += [message] if require_browser else []
+        result.skipped, result.summary = not require_browser, message
     return binary
 
 
@@ -171,25 +115,21 @@ def audit_math(book: Book, require_browser: bool = False) -> Audit:
     binary = _browser_for(result, "the MathJax check and the screenshots", require_browser)
     if binary is None:
         return result
-    shots = book.build / "screenshots"
+    shots, with_math = book.build / "screenshots", 0
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
-    with_math = 0
     with serve(book.html) as base, Browser(binary) as browser:
         for page in book.pages:
             rel = page.with_suffix(".html").as_posix()
-            source = (book.html / rel).read_text(errors="replace")
-            math_nodes = len(_MATH_NODE.findall(source))
+            nodes = len(MATH_NODE.findall((book.html / rel).read_text(errors="replace")))
             png = shots / (rel.replace("/", "__").removesuffix(".html") + ".png")
             rendered = browser.render(f"{base}/{rel}", screenshot=png)
-            containers, errors = typeset_counts(rendered.dom)
-            if math_nodes:
-                with_math += 1
-                if not rendered.typeset:
-                    result.problems.append(f"{rel}: {math_nodes} math nodes but MathJax never ran")
-                elif containers < math_nodes:
-                    result.problems.append(f"{rel}: {math_nodes} math nodes but only {containers} "
-                                           "typeset (mjx-container)")
+            containers, errors = rendered.dom.count("<mjx-container"), rendered.dom.count("<mjx-merror")
+            with_math += bool(nodes)
+            if nodes and not rendered.typeset:
+                result.problems.append(f"{rel}: {nodes} math nodes but MathJax never ran")
+            elif containers < nodes:
+                result.problems.append(f"{rel}: {nodes} math nodes but only {containers} typeset (mjx-container)")
             if errors:
                 result.problems.append(f"{rel}: {errors} TeX error(s) (mjx-merror)")
             result.problems += [f"{rel}: scrolls sideways, {block}" for block in rendered.overflowing[:3]]
@@ -200,35 +140,28 @@ def audit_math(book: Book, require_browser: bool = False) -> Audit:
     return result
 
 
-# --- (e) ------------------------------------------------------------------------------
 def audit_results(book: Book) -> Audit:
-    result = Audit("(e) result tables agree with data/results")
-    result.problems = compare_all(book)
-    result.summary = "within their tolerances"
-    return result
+    from .results import compare_all
+
+    return Audit("(e) result tables agree with data/results", compare_all(book), "within their tolerances")
 
 
-# --- (f) ------------------------------------------------------------------------------
 def audit_ledger(book: Book) -> Audit:
-    from .ledger import build_ledger
+    from .ledger import assemble, claims_from_site, ledger_inputs
 
-    result = Audit("(f) every claim checked within tolerance, tested, and shown so")
-    ledger = build_ledger(book)
-    result.problems = list(ledger.problems)
-    per_page: dict[str, int] = {}
-    for entry in ledger.entries:
-        per_page[entry.claim.page] = per_page.get(entry.claim.page, 0) + 1
-    for page, claims in sorted(per_page.items()):
+    entries, problems = assemble(ledger_inputs(book), claims_from_site(book))
+    result = Audit("(f) every claim checked within tolerance, tested, and shown so", problems)
+    for page in sorted({e["page"] for e in entries.values()}):
+        claims = sum(e["page"] == page for e in entries.values())
         html = book.html / f"{page}.html"
         lines = html.read_text(errors="replace").count('class="claim-ledger') if html.exists() else 0
         if lines != claims:
             result.problems.append(f"{page}: {claims} claims but {lines} ledger lines on the rendered page")
-    verdicts = [e.verdict for e in ledger.entries]
-    result.summary = f"{verdicts.count('reproduced')} of {len(verdicts)} claims reproduced"
+    reproduced = sum(e["verdict"] == "reproduced" for e in entries.values())
+    result.summary = f"{reproduced} of {len(entries)} claims reproduced"
     return result
 
 
-# --- (g) ------------------------------------------------------------------------------
 def audit_search(book: Book, require_browser: bool = False, word: str = "Eckart") -> Audit:
     result = Audit("(g) site search works offline")
     binary = _browser_for(result, "the search check", require_browser)
@@ -243,44 +176,93 @@ def audit_search(book: Book, require_browser: bool = False, word: str = "Eckart"
     return result
 
 
-# --- (h) ------------------------------------------------------------------------------
 def audit_figure_backgrounds(book: Book) -> Audit:
-    import base64
-    import io
-
     from PIL import Image
 
-    result = Audit("(h) figures have opaque white backgrounds (readable in dark mode)")
-    count = 0
-    for nb_path in book.notebooks:
-        executed = book.executed / nb_path
-        if not executed.exists():
-            continue
-        for number, cell in enumerate(nbformat.read(executed, as_version=4).cells, 1):
-            for out in cell.get("outputs", []):
-                data = out.get("data", {}).get("image/png")
-                if not data:
-                    continue
+    result, count = Audit("(h) figures have opaque white backgrounds (readable in dark mode)"), 0
+    for nb, notebook in _executed(book):
+        for number, cell in enumerate(notebook.cells, 1):
+            for data in [o["data"]["image/png"] for o in cell.get("outputs", [])
+                         if "image/png" in o.get("data", {})]:
                 count += 1
                 image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA")
                 w, h = image.size
                 corners = [image.getpixel(xy) for xy in ((0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1))]
                 if any(c[3] < 255 or min(c[:3]) < 250 for c in corners):
-                    result.problems.append(f"{nb_path} cell {number}: figure corners {corners} are not opaque white")
+                    result.problems.append(f"{nb} cell {number}: figure corners {corners} are not opaque white")
     result.summary = f"{count} figures"
     return result
 
 
-# --- (i) ------------------------------------------------------------------------------
-def audit_bundle_archive(book: Book) -> Audit:
+def audit_bundle(book: Book) -> Audit:
     from .bundle import inspect_bundle
 
-    result = Audit("(i) offline bundle complete, PDF typeset")
     summary = inspect_bundle(book)
-    result.problems = summary.problems
-    if summary.pdf is not None:
-        result.summary = (f"{summary.size / 1e6:.1f} MB; PDF {summary.pdf.pages} pages, "
-                          f"{len(summary.pdf.math_pages)} with math, {summary.pdf.image_count} images")
+    return Audit("(i) offline bundle complete, PDF typeset", summary.problems, summary.describe())
+
+
+# --- (j): how a notebook page reads ---------------------------------------------------------
+GOALS = {"code lines per 100 words": 15, "largest visible cell": 15, "lines over 88 characters": 0,
+         "object reprs and stray values": 0, "figures wider than 8 in": 0}
+MAX_LINE = 88
+_REPR = re.compile(r"<[A-Za-z_][\w.]*(?: object)? at 0x[0-9a-fA-F]+>|\bT_[0-9a-f]{5}(?:_|\b)")
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
+
+
+def png_width(data: str) -> int:
+    """Pixel width of a base64 PNG (from its IHDR chunk)."""
+    return struct.unpack(">I", base64.b64decode(data[:44])[16:20])[0]
+
+
+def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
+    """measure -> (value, examples) for one executed notebook: what a reader sees is a code
+    cell's source unless tagged to hide it, and its outputs unless tagged to remove them."""
+    words = code = largest = 0
+    long, reprs, wide = [], [], []
+    for number, cell in enumerate(nb.cells, 1):
+        tags = set(cell.metadata.get("tags", []))
+        if cell.cell_type == "markdown":
+            words += len(_WORD.findall(re.sub(r"\$[^$]*\$", " ", cell.source)))
+        if cell.cell_type != "code":
+            continue
+        lines = [line for line in cell.source.splitlines() if line.strip()]
+        if not tags & {"remove-input", "remove-cell", "hide-input", "hide-cell"}:
+            code, largest = code + len(lines), max(largest, len(lines))
+        if not tags & {"remove-input", "remove-cell"}:  # hide-input is one click away: it counts
+            long += [f"cell {number}: {len(line)} chars" for line in lines if len(line) > MAX_LINE]
+        if tags & {"remove-output", "remove-cell"}:
+            continue
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            for text in [out.get("text", ""), data.get("text/plain", ""), data.get("text/html", "")]:
+                reprs += [f"cell {number}: {hit}" for hit in _REPR.findall("".join(text))]
+            if out.get("output_type") == "execute_result" and set(data) == {"text/plain"}:
+                reprs.append(f"cell {number}: stray value {''.join(data['text/plain'])[:30]!r}")
+            if "image/png" in data and png_width(data["image/png"]) / FIGURE_DPI > MAX_FIGURE_INCHES:
+                wide.append(f"cell {number}: {png_width(data['image/png']) / FIGURE_DPI:.1f} in")
+    return {"code lines per 100 words": (100 * code / max(words, 1), []),
+            "largest visible cell": (largest, []), "lines over 88 characters": (len(long), long),
+            "object reprs and stray values": (len(reprs), reprs),
+            "figures wider than 8 in": (len(wide), wide)}
+
+
+def reading_problems(nb, name: str) -> list[str]:
+    """One line per measure beyond its goal, naming the notebook and the measure."""
+    return [f"{name}: {measure} = {value:.3g} (goal ≤ {GOALS[measure]})"
+            + (f": {'; '.join(examples[:3])}" if examples else "")
+            for measure, (value, examples) in reading_measures(nb).items() if value > GOALS[measure]]
+
+
+def audit_reading(book: Book) -> Audit:
+    result = Audit("(j) chapter notebooks read like a book (short cells, no reprs, figures fit)")
+    chapters = [(nb, notebook) for nb, notebook in _executed(book) if nb.parts[:2] != ("chapters", "appendix")]
+    worst = dict.fromkeys(GOALS, 0.0)
+    for nb, notebook in chapters:
+        result.problems += reading_problems(notebook, str(nb))
+        for measure, (value, _) in reading_measures(notebook).items():
+            worst[measure] = max(worst[measure], value)
+    result.summary = f"{len(chapters)} notebooks; worst: " + ", ".join(
+        f"{measure} {value:.3g}" for measure, value in worst.items())
     return result
 
 
@@ -288,32 +270,12 @@ def run_audits(book: Book, require_browser: bool = False, echo=print) -> bool:
     audits = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
               audit_math(book, require_browser), audit_results(book), audit_ledger(book),
               audit_search(book, require_browser), audit_figure_backgrounds(book),
-              audit_bundle_archive(book), audit_reading(book)]
+              audit_bundle(book), audit_reading(book)]
     for audit in audits:
         if audit.skipped:
-            banner = "!" * 78
-            echo(f"{banner}\nSKIPPED {audit.name}: {audit.summary}\n{banner}")
+            echo(f"{'!' * 78}\nSKIPPED {audit.name}: {audit.summary}\n{'!' * 78}")
         elif audit.ok:
             echo(f"ok      {audit.name}: {audit.summary}")
         else:
-            echo(f"FAILED  {audit.name}:")
-            for problem in audit.problems:
-                echo(f"        {problem}")
+            echo(f"FAILED  {audit.name}:\n" + "\n".join(f"        {p}" for p in audit.problems))
     return all(a.ok for a in audits)
-
-
-# --- (j) ------------------------------------------------------------------------------
-def audit_reading(book: Book) -> Audit:
-    from .reading import GOALS, measure
-
-    result = Audit("(j) chapter notebooks read like a book (short cells, no reprs, "
-                         "figures fit)")
-    measured = [measure(nbformat.read(book.executed / nb, as_version=4), str(nb))
-                for nb in book.notebooks
-                if nb.parts[:2] != ("chapters", "appendix") and (book.executed / nb).exists()]
-    for m in measured:
-        result.problems += m.problems()
-    worst = {name: max((m.values()[name] for m in measured), default=0) for name in GOALS}
-    result.summary = f"{len(measured)} notebooks; worst: " + ", ".join(
-        f"{name} {value:.3g}" for name, value in worst.items())
-    return result

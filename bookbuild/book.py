@@ -1,209 +1,119 @@
-"""Where things are in a book checkout, and what its table of contents and parameters say.
-
-Every other module of the build tooling takes a :class:`Book`, so the tests can point the
-whole machinery at a small fixture book in a temporary directory.
-"""
+"""A book checkout: where the build puts things, what the toc and data/params.yaml say, and
+the hash of each notebook's inputs (the execution cache key)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import yaml
 
 PROFILES = ("published", "quick")
-
-#: Files (relative to the book root, glob patterns) that every notebook's result depends on.
-SHARED_INPUTS = ("lib/**/*.py", "experiments/**/*.py", "reference/**/*.py", "data/params.yaml",
-                 "requirements.txt")
-
-#: The notebook-side helper: part of every notebook's inputs (it draws footers, writes tables).
+#: Globs (from the root) that every notebook's cache hash depends on; a missing folder matches nothing.
+SHARED_INPUTS = ("lib/**/*.py", "experiments/**/*.py", "reference/**/*.py",
+                 "data/params.yaml", "requirements.txt")
+#: The notebook-side helper draws footers and writes tables: part of every notebook's inputs.
 HELPER_SOURCE = Path(__file__).with_name("notebook.py")
+ENTRY_KEYS = {"published", "quick", "run_last", "inputs", "cell_timeout"}
 
 
 class BookError(RuntimeError):
-    """A problem with the book's configuration (toc, parameters), reported without a traceback."""
+    """A configuration problem (toc, parameters), reported in one line without a traceback."""
 
 
-@dataclass(frozen=True)
 class Book:
-    """A book checkout rooted at ``root``; all paths of the build live under ``root/_build``."""
+    """A book rooted at ``root``; everything the build writes lives under ``root/_build``."""
 
-    root: Path
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.build = build = self.root / "_build"
+        self.executed = build / "executed"  # normalised executed notebooks
+        self.results, self.figures, self.checks = build / "results", build / "figures", build / "checks"
+        self.failed = build / "failed"  # partial output of failed executions
+        self.stage, self.html = build / "stage", build / "html"
+        self.manifest_path = build / "manifest.json"  # hash, seconds, artifacts per notebook
+        self.report_path = build / "build-report.json"
+        self.committed_results = self.root / "data" / "results"
+        self.params_path = self.root / "data" / "params.yaml"
 
     @classmethod
     def here(cls) -> "Book":
-        """The book this package was installed from (the repository checkout)."""
+        """The checkout this package is installed from."""
         return cls(Path(__file__).resolve().parent.parent)
 
-    # --- locations under _build -------------------------------------------------------
-    @property
-    def build(self) -> Path:
-        return self.root / "_build"
-
-    @property
-    def executed(self) -> Path:
-        """Normalised executed notebooks, mirroring the source paths."""
-        return self.build / "executed"
-
-    @property
-    def results(self) -> Path:
-        """Result tables written by the last successful execution of each notebook."""
-        return self.build / "results"
-
-    @property
-    def figures(self) -> Path:
-        """Figures (PNG with provenance footer) written by the notebooks."""
-        return self.build / "figures"
-
-    @property
-    def checks(self) -> Path:
-        """Numerical checks of claims recorded by the notebooks (``run.check``), per notebook."""
-        return self.build / "checks"
-
-    @property
-    def failed(self) -> Path:
-        """Partial output of notebooks whose execution failed (for debugging)."""
-        return self.build / "failed"
-
-    @property
-    def logs(self) -> Path:
-        """Per-notebook progress logs of the last execution."""
-        return self.build / "logs"
-
-    @property
-    def stage(self) -> Path:
-        """The staged source tree that Jupyter Book renders (sources + executed notebooks)."""
-        return self.build / "stage"
-
-    @property
-    def html(self) -> Path:
-        return self.build / "html"
-
-    @property
-    def manifest_path(self) -> Path:
-        """Cache manifest: hash and timing of each notebook's last successful execution."""
-        return self.build / "manifest.json"
-
-    @property
-    def report_path(self) -> Path:
-        """The last build's report (profile, per-notebook status and seconds)."""
-        return self.build / "build-report.json"
-
-    @property
-    def committed_results(self) -> Path:
-        return self.root / "data" / "results"
-
-    @property
-    def params_path(self) -> Path:
-        return self.root / "data" / "params.yaml"
-
-    # --- table of contents --------------------------------------------------------------
     @cached_property
     def pages(self) -> list[Path]:
-        """Every page listed in ``_toc.yml`` as a path relative to the root (with suffix)."""
+        """Every page of ``_toc.yml``, relative to the root, with its suffix."""
         from sphinx_external_toc.parsing import parse_toc_yaml
 
         toc_file = self.root / "_toc.yml"
         if not toc_file.exists():
             raise BookError(f"{toc_file} not found")
-        site_map = parse_toc_yaml(toc_file)
         pages = []
-        for docname in site_map:
-            matches = [self.root / f"{docname}{suffix}" for suffix in (".md", ".ipynb")]
-            found = [m for m in matches if m.exists()]
-            if len(found) != 1:
-                raise BookError(
-                    f"_toc.yml lists {docname!r}: expected exactly one of {docname}.md or "
-                    f"{docname}.ipynb, found {len(found)}"
-                )
-            pages.append(found[0].relative_to(self.root))
+        for docname in parse_toc_yaml(toc_file):  # Sphinx fails (-W) on both .md and .ipynb
+            found = [Path(f"{docname}{s}") for s in (".md", ".ipynb") if (self.root / f"{docname}{s}").exists()]
+            if not found:
+                raise BookError(f"_toc.yml lists {docname!r}, but neither {docname}.md nor .ipynb exists")
+            pages.append(found[0])
         return pages
 
     @property
     def notebooks(self) -> list[Path]:
         return [p for p in self.pages if p.suffix == ".ipynb"]
 
-    # --- parameters ---------------------------------------------------------------------
     @cached_property
     def params(self) -> dict:
-        """``data/params.yaml`` as a dict keyed by notebook path (str)."""
+        """``data/params.yaml``: notebook path -> entry."""
+        name = self.params_path.relative_to(self.root)
         if not self.params_path.exists():
             raise BookError(f"{self.params_path} not found")
         try:
             data = yaml.safe_load(self.params_path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise BookError(f"{_yaml_error(err, self.params_path.relative_to(self.root))}") from None
+        except yaml.MarkedYAMLError as err:
+            raise BookError(f"{name}, line {err.problem_mark.line + 1}: invalid YAML "
+                            f"({err.problem})") from None
         if not isinstance(data, dict):
-            raise BookError(f"{self.params_path}: expected a mapping from notebook path to entry")
+            raise BookError(f"{name}: expected a mapping from notebook path to entry")
         return data
 
-    def entry(self, notebook: Path | str) -> dict:
+    def entry(self, notebook) -> dict:
         """The params.yaml entry of one notebook, validated."""
         key = str(notebook)
         if key not in self.params:
             raise BookError(f"data/params.yaml has no entry for {key} (every notebook needs one)")
         entry = self.params[key] or {}
-        unknown = set(entry) - {"published", "quick", "run_last", "inputs", "cell_timeout"}
-        if unknown:
-            raise BookError(f"data/params.yaml, {key}: unknown keys {sorted(unknown)}")
+        if set(entry) - ENTRY_KEYS:
+            raise BookError(f"data/params.yaml, {key}: unknown keys {sorted(set(entry) - ENTRY_KEYS)}")
         published = entry.get("published") or {}
         if "seed" not in published:
             raise BookError(f"data/params.yaml, {key}: published parameters need a 'seed'")
         extra = set(entry.get("quick") or {}) - set(published)
         if extra:
-            raise BookError(
-                f"data/params.yaml, {key}: quick profile sets {sorted(extra)}, "
-                "which the published profile does not define"
-            )
+            raise BookError(f"data/params.yaml, {key}: quick profile sets {sorted(extra)}, "
+                            "which the published profile does not define")
         return entry
 
-    def parameter_cell_names(self, notebook: Path | str) -> set[str]:
-        """Names assigned in the cell tagged ``parameters`` of a source notebook."""
-        import ast
-
-        import nbformat
-
-        path = self.root / str(notebook)
-        cells = [c for c in nbformat.read(path, as_version=4).cells
-                 if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
-        if len(cells) != 1:
-            raise BookError(f"{notebook}: needs exactly one code cell tagged 'parameters'; "
-                            f"found {len(cells)}")
-        try:
-            tree = ast.parse(cells[0].source)
-        except SyntaxError as err:
-            raise BookError(f"{notebook}: parameters cell line {err.lineno}: {err.msg}") from None
-        names = set()
-        for node in tree.body:
-            targets = node.targets if isinstance(node, ast.Assign) else (
-                [node.target] if isinstance(node, ast.AnnAssign) else [])
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        return names
-
-    def parameters(self, notebook: Path | str, profile: str) -> dict:
+    def parameters(self, notebook, profile: str) -> dict:
         """Parameters in force for ``notebook`` under ``profile`` (quick overrides published)."""
         if profile not in PROFILES:
             raise BookError(f"profile must be one of {PROFILES}; got {profile!r}")
         entry = self.entry(notebook)
-        values = dict(entry.get("published") or {})
-        if profile == "quick":
-            values.update(entry.get("quick") or {})
-        return values
+        return {**(entry.get("published") or {}),
+                **((entry.get("quick") or {}) if profile == "quick" else {})}
 
     def check_params_cover_toc(self) -> None:
-        """Every toc notebook has an entry, every entry names a toc notebook, and every
-        parameter an entry sets is defined in that notebook's parameters cell."""
+        """Every toc notebook has an entry whose parameters its parameters cell defines, and
+        every entry names a toc notebook (papermill would inject an unknown name silently)."""
+        import papermill
+
         listed = {str(p) for p in self.notebooks}
         for nb in sorted(listed):
-            published = self.entry(nb).get("published") or {}
-            defined = self.parameter_cell_names(nb)
-            undefined = sorted(set(published) - defined)
+            defined = set(papermill.inspect_notebook(str(self.root / nb)))
+            undefined = sorted(set(self.entry(nb).get("published") or {}) - defined)
             if undefined:
-                # papermill would inject them as new variables that the notebook never reads.
                 raise BookError(
                     f"data/params.yaml, {nb}: {', '.join(map(repr, undefined))} not defined in "
                     f"the notebook's parameters cell (it defines {', '.join(sorted(defined))})")
@@ -211,41 +121,39 @@ class Book:
         if stale:
             raise BookError(f"data/params.yaml has entries for notebooks not in _toc.yml: {stale}")
 
-    # --- provenance ---------------------------------------------------------------------
-    def commit(self, ignoring: tuple[str, ...] = ()) -> str:
-        """Short commit of the checkout, with ``-dirty`` for uncommitted changes.
+    def input_hash(self, notebook, profile: str, extra=None) -> str:
+        """sha256 of everything an execution depends on: the notebook, its parameters, the
+        helper, SHARED_INPUTS, the entry's ``inputs`` globs and ``extra`` (non-file inputs)."""
+        patterns = [*SHARED_INPUTS, *(self.entry(notebook).get("inputs") or [])]
+        files = sorted({f for pattern in patterns for match in self.root.glob(pattern)
+                        for f in (match.rglob("*") if match.is_dir() else [match])
+                        if f.is_file() and "__pycache__" not in f.parts})
+        parts = {"notebook": (self.root / notebook).read_bytes(), "profile": profile.encode(),
+                 "parameters": json.dumps(self.parameters(notebook, profile), sort_keys=True),
+                 "helper": HELPER_SOURCE.read_bytes(), "extra": json.dumps(extra, sort_keys=True),
+                 **{str(f.relative_to(self.root)): f.read_bytes() for f in files}}
+        digest = hashlib.sha256()
+        for label, data in parts.items():
+            data = data.encode() if isinstance(data, str) else data
+            digest.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
+        return digest.hexdigest()
 
-        Changes under the folders in ``ignoring`` do not count (a benchmark run
-        rewrites its own result tables before the next script records the commit).
-        """
-        excluded = [f":(exclude){folder}" for folder in ignoring]
+    def commit(self, ignoring: tuple[str, ...] = ()) -> str:
+        """Short commit, ``-dirty`` with uncommitted changes outside the folders ``ignoring``."""
+        def git(*args):
+            return subprocess.run(["git", *args], cwd=self.root, check=True,
+                                  capture_output=True, text=True).stdout.strip()
         try:
-            head = subprocess.run(
-                ["git", "rev-parse", "--short=10", "HEAD"], cwd=self.root, check=True,
-                capture_output=True, text=True,
-            ).stdout.strip()
-            dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded],
-                cwd=self.root, check=True, capture_output=True, text=True,
-            ).stdout.strip()
+            head = git("rev-parse", "--short=10", "HEAD")
+            dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                        *(f":(exclude){folder}" for folder in ignoring))
         except (OSError, subprocess.CalledProcessError):
             return "unknown"
         return head + ("-dirty" if dirty else "")
 
 
-def _yaml_error(err: "yaml.YAMLError", name: Path) -> str:
-    """One line naming the file and line of a YAML syntax error."""
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    where = f"{name}, line {mark.line + 1}" if mark is not None else str(name)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"{where}: invalid YAML ({problem})"
-
-
 def read_json(path: Path, default):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return default
+    return json.loads(path.read_text()) if path.exists() else default
 
 
 def write_json(path: Path, data) -> None:

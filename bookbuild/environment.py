@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .book import Book, read_json
 
-#: Packages whose versions the appendix reports (the rest are pinned in requirements.txt).
+#: Packages whose versions the appendix reports (requirements.txt pins the rest).
 REPORTED_PACKAGES = (
     "jupyter-book", "sphinx", "myst-nb", "sphinx-proof", "sphinxcontrib-bibtex",
     "papermill", "nbclient", "ipykernel", "numpy", "torch", "matplotlib", "seaborn", "pandas",
@@ -17,47 +17,31 @@ REPORTED_PACKAGES = (
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+                platform.processor() or "unknown")
 
 
 def environment_rows() -> list[tuple[str, str]]:
-    """(item, value) pairs: Python, platform, CPU, threads, package versions."""
+    """(item, value): Python, platform, CPU, threads, package versions."""
     import torch
 
-    rows = [
-        ("Python", platform.python_version()),
-        ("Platform", platform.platform(terse=True)),
-        ("CPU", cpu_model()),
-        ("CPU cores", str(os.cpu_count())),
-        ("torch threads per notebook", str(torch.get_num_threads())),
-        ("torch deterministic algorithms", str(torch.are_deterministic_algorithms_enabled())),
-    ]
-    for name in REPORTED_PACKAGES:
-        try:
-            rows.append((name, metadata.version(name)))
-        except metadata.PackageNotFoundError:
-            rows.append((name, "not installed"))
-    return rows
+    return [("Python", platform.python_version()), ("Platform", platform.platform(terse=True)),
+            ("CPU", cpu_model()), ("CPU cores", str(os.cpu_count())),
+            ("torch threads per notebook", str(torch.get_num_threads())),
+            ("torch deterministic algorithms", str(torch.are_deterministic_algorithms_enabled())),
+            *((name, next((d.version for d in metadata.distributions(name=name)), "not installed"))
+              for name in REPORTED_PACKAGES)]
 
 
 def parameter_rows(book: Book, profile: str) -> list[tuple[str, str, str]]:
     """(notebook, parameter, value) for every notebook of the book under ``profile``."""
-    rows = []
-    for notebook in book.notebooks:
-        for name, value in book.parameters(notebook, profile).items():
-            rows.append((str(notebook), name, repr(value)))
-    return rows
+    return [(str(nb), name, repr(value)) for nb in book.notebooks
+            for name, value in book.parameters(nb, profile).items()]
 
 
 def timing_rows(book: Book) -> list[tuple[str, float, str]]:
     """(notebook, seconds, profile) of each notebook's last successful execution."""
     manifest = read_json(book.manifest_path, {})
     return [(str(nb), manifest.get(str(nb), {}).get("seconds", float("nan")),
-             manifest.get(str(nb), {}).get("profile", "never executed"))
-            for nb in book.notebooks]
+             manifest.get(str(nb), {}).get("profile", "never executed")) for nb in book.notebooks]

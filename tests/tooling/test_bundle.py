@@ -1,146 +1,116 @@
-"""`make bundle`: the archive holds what it should, its PDF has typeset math and figures, and
-the bundle check catches a broken archive."""
+"""`make bundle`: the archive holds what it should, its PDF has typeset math and figures, a
+failed build keeps the last bundle, and the bundle audit catches a broken archive."""
 
 from __future__ import annotations
 
-import os
-import shutil
+import io
 import zipfile
 
 import nbformat
 import pytest
+from pypdf import PdfWriter
+from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
-from bookbuild.book import Book
-from bookbuild.bundle import (NAME, BundleError, analyse_pdf, archive_path, build_bundle,
-                              check_bundle)
-from bookbuild.cache import tree_hash
-from bookbuild.browser import Browser, find_chromium, serve
-from bookbuild.execute import execute_notebooks
-from bookbuild.site import STAMP, build_site
+from bookbuild.bundle import NAME, BundleError, analyse_pdf, archive_path, build_bundle, inspect_bundle
+from bookbuild.site import STAMP, stage, tree_hash
 
-from .conftest import NOTEBOOK
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(find_chromium() is None,
-                       reason="Chromium not installed (it prints the PDF)"),
-    pytest.mark.skipif(shutil.which("pdftoppm") is None,
-                       reason="pdftoppm not installed (apt-get install -y poppler-utils)"),
-]
-REAL = Book.here()
-INTRO = r"""# Fixture
-
-A book macro $\W_{ij} \in \R^{p\times d}$ inline, and on its own line
-
-$$
-y_i = \sum_{j=1}^{n} \W_{ij}(X)\, x_j .
-$$
-
-See the demo.
-"""
-
-
-def quiet(_line):
-    pass
+from .conftest import INTRO, NOTEBOOK, copy_book, needs_chromium, quiet
 
 
 def members(archive) -> set[str]:
     with zipfile.ZipFile(archive) as zf:
-        names = zf.namelist()
+        names = [n for n in zf.namelist() if not n.endswith("/")]
     assert all(n.startswith(f"{NAME}/") for n in names)
-    return {n.removeprefix(f"{NAME}/") for n in names if not n.endswith("/")}
+    return {n.removeprefix(f"{NAME}/") for n in names}
 
 
-def test_bundle_of_a_small_book(fixture_book):
-    book = fixture_book
-    for name in ("_config.yml", "references.bib"):
-        shutil.copy2(REAL.root / name, book.root / name)
-    (book.root / "intro.md").write_text(INTRO)
-    assert not execute_notebooks(book, echo=quiet).failed
-    assert build_site(book, echo=quiet)
-
-    archive = build_bundle(book, echo=quiet)
-
-    assert archive == archive_path(book)
-    site = {f"site/{p.relative_to(book.html).as_posix()}"
-            for p in book.html.rglob("*") if p.is_file()}
-    assert {"site/index.html", "site/intro.html", "site/chapters/demo/demo.html"} <= site
+@pytest.mark.slow
+@needs_chromium
+def test_bundle_of_a_small_book(built_book):
+    book, archive = built_book, archive_path(built_book)
+    site = {f"site/{p.relative_to(book.html).as_posix()}" for p in book.html.rglob("*") if p.is_file()}
+    assert {"site/index.html", "site/intro.html", "site/claims.html",
+            "site/chapters/demo/demo.html"} <= site
     assert members(archive) == site | {"README.txt", "requirements.txt", "book.pdf",
                                        f"notebooks/{NOTEBOOK}"}
     with zipfile.ZipFile(archive) as zf:
         nb = nbformat.reads(zf.read(f"{NAME}/notebooks/{NOTEBOOK}").decode(), as_version=4)
         pdf = analyse_pdf(zf.read(f"{NAME}/book.pdf"))
-        readme = zf.read(f"{NAME}/README.txt").decode()
+        assert "site/index.html" in zf.read(f"{NAME}/README.txt").decode()
     nbformat.validate(nb)
-    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
-    assert any("image/png" in o.get("data", {}) for o in outputs)
-    assert "site/index.html" in readme
-
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert pdf.math_pages and pdf.math_pages[0] == 1, "the intro page's math is typeset"
-    assert pdf.raw_tex == []
-    assert pdf.image_count >= 1
-    assert pdf.starts == {"chapters/demo/demo": 2}, "each document starts on its own page"
-    assert (book.build / "bundle" / "book.pdf").exists()
+    assert pdf.raw_tex == [] and pdf.image_count >= 1
+    assert pdf.starts["claims"] == 2 and pdf.starts["chapters/demo/demo"] > 2, \
+        "each document starts on its own page"
     assert list((book.build / "bundle").glob("preview-*.png"))
-    assert check_bundle(book) == []
+    assert inspect_bundle(book).problems == []
 
-    # A failing single-page build (strict: an unknown reference) keeps the last bundle.
-    before = archive.read_bytes()
-    intro = book.stage / "intro.md"
-    intro.write_text(intro.read_text() + "\nSee {ref}`no-such-label`.\n")
-    (book.html / STAMP).write_text(tree_hash(book.stage) + "\n")
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_failed_single_page_build_keeps_the_last_bundle(built_book, tmp_path):
+    book = copy_book(built_book, tmp_path / "book")
+    before = archive_path(book).read_bytes()
+    (book.root / "intro.md").write_text(INTRO + "\nSee {ref}`no-such-label`.\n")
+    (book.html / STAMP).write_text(tree_hash(stage(book)) + "\n")  # as if the site were current
     with pytest.raises(BundleError, match="single-page build failed"):
         build_bundle(book, echo=quiet)
-    assert archive.read_bytes() == before
+    assert archive_path(book).read_bytes() == before
     assert not (book.build / "bundle-new").exists()
 
 
-def _print(html: str, directory, pdf) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "page.html").write_text(html)
-    with serve(directory) as base, Browser(find_chromium()) as browser:
-        browser.print_pdf(f"{base}/page.html", pdf)
-    assert pdf.exists()
+def raw_tex_pdf() -> bytes:
+    """One page of Helvetica text with TeX that was never typeset."""
+    writer = PdfWriter()
+    page = writer.add_blank_page(300, 200)
+    font = DictionaryObject({NameObject("/Type"): NameObject("/Font"),
+                             NameObject("/Subtype"): NameObject("/Type1"),
+                             NameObject("/BaseFont"): NameObject("/Helvetica")})
+    page[NameObject("/Resources")] = DictionaryObject(
+        {NameObject("/Font"): DictionaryObject({NameObject("/F1"): writer._add_object(font)})})
+    text = r"Raw \(\frac{a}{b}\) and $$\mathcal{W}$$."
+    content = DecodedStreamObject()
+    content.set_data(("BT /F1 12 Tf 10 100 Td (%s) Tj ET" % text.replace(
+        "\\", "\\\\").replace("(", "\\(").replace(")", "\\)")).encode())
+    page[NameObject("/Contents")] = writer._add_object(content)
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
 
 
-def test_check_bundle_reports_a_broken_archive(fixture_book, tmp_path):
+def test_inspect_bundle_reports_a_broken_archive(fixture_book):
     book = fixture_book
-    assert check_bundle(book)[0].endswith("missing: run `make bundle`")
-    # A site (not rendered: check_bundle only reads its pages and stamp).
-    for page, text in {"index.html": "<h1>x</h1>",
+    assert inspect_bundle(book).problems[0].endswith("missing: run `make bundle`")
+    # A site (not rendered: the check reads only its pages and stamp).
+    for name, text in {"index.html": "<h1>x</h1>", "chapters/demo/demo.html": "<h1>Demo</h1>",
                        "intro.html": '<h1>Fixture</h1><span class="math notranslate">x</span>',
-                       "chapters/demo/demo.html": "<h1>Demo</h1>"}.items():
-        (book.html / page).parent.mkdir(parents=True, exist_ok=True)
-        (book.html / page).write_text(text)
-    (book.html / STAMP).write_text("digest\n")
-    # A PDF printed without MathJax: the TeX stays raw, no math fonts, no destinations.
-    pdf = tmp_path / "raw.pdf"
-    _print(r"<h1>Fixture</h1><p>Raw \(\frac{a}{b}\) and $$\mathcal{W}$$.</p>",
-           tmp_path / "raw", pdf)
+                       STAMP: "digest\n"}.items():
+        (book.html / name).parent.mkdir(parents=True, exist_ok=True)
+        (book.html / name).write_text(text)
     archive = archive_path(book)
     archive.parent.mkdir(parents=True)
     with zipfile.ZipFile(archive, "w") as zf:
         for path in book.html.rglob("*"):
             zf.write(path, f"{NAME}/site/{path.relative_to(book.html).as_posix()}")
-        zf.write(pdf, f"{NAME}/book.pdf")
+        zf.writestr(f"{NAME}/book.pdf", raw_tex_pdf())
         zf.writestr(f"{NAME}/requirements.txt", "numpy\n")
         zf.writestr(f"{NAME}/README.txt", "read me\n")
 
-    problems = check_bundle(book)
+    problems = inspect_bundle(book).problems
 
     assert f"{archive.name}: notebooks/{NOTEBOOK} missing" in problems
     assert any(p.startswith("book.pdf page 1: raw TeX in the text: '\\\\('") for p in problems)
     assert any("'\\\\frac'" in p for p in problems)
-    assert "book.pdf: 0 page(s) use MathJax fonts, fewer than the 1 toc pages with math" \
-        in problems
+    assert "book.pdf: 0 page(s) use MathJax fonts, fewer than the 1 toc pages with math" in problems
     assert any(p.startswith(f"book.pdf: no named destination for {NOTEBOOK}") for p in problems)
+    assert not any("not the current" in p for p in problems)
 
-    # The notebook present but never executed; the archive older than the site.
+    # The notebook present but never executed; the site rebuilt since.
     with zipfile.ZipFile(archive, "a") as zf:
         zf.write(book.root / NOTEBOOK, f"{NAME}/notebooks/{NOTEBOOK}")
-    later = archive.stat().st_mtime + 60
-    os.utime(book.html / STAMP, (later, later))
-    problems = check_bundle(book)
+    (book.html / STAMP).write_text("another digest\n")
+    problems = inspect_bundle(book).problems
     assert f"notebooks/{NOTEBOOK}: has no outputs (not an executed notebook)" in problems
-    assert f"{archive.name} is older than the site {book.html}: run `make bundle`" in problems
+    assert f"{archive.name}: its site/ is not the current {book.html}: run `make bundle`" in problems
     assert not any("missing" in p for p in problems)

@@ -1,4 +1,5 @@
-"""The runner: loud one-line failures, nothing lost, byte-identical re-runs, a working cache."""
+"""The runner: normalisation, byte-identical re-runs, the cache, one-line failures that keep
+the last good execution and the site."""
 
 from __future__ import annotations
 
@@ -7,114 +8,106 @@ import subprocess
 import sys
 
 import nbformat
-
 import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_notebook
 
-from bookbuild.execute import execute_notebooks
-from bookbuild.site import build_site
+from bookbuild.execute import execute_notebooks, normalize
 
-from .conftest import GOOD_CELLS, NOTEBOOK, write_notebook
-
-pytestmark = pytest.mark.slow
+from .conftest import DEMO_CELLS, NOTEBOOK, copy_book, quiet, write_notebook
 
 
-def quiet(_line):
-    pass
+def executed_like_papermill():
+    nb = new_notebook()
+    nb.metadata["papermill"] = {"start_time": "2026-01-01T00:00:00", "input_path": "/tmp/x"}
+    params = new_code_cell("seed = 1", id="own")
+    params.metadata["tags"] = ["parameters"]
+    injected = new_code_cell("# Parameters\nseed = 2\n", id="9f8e7d6c")
+    injected.metadata["tags"] = ["injected-parameters"]
+    body = new_code_cell("seed", id="body")
+    for cell in (params, injected, body):
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-01-01T00:00:01"}
+        cell.metadata["papermill"] = {"duration": 0.5, "status": "completed"}
+    nb.cells = [params, injected, body]
+    return nb
+
+
+def test_normalize_strips_run_dependent_metadata():
+    nb = normalize(executed_like_papermill(), "published")
+    assert "papermill" not in nb.metadata
+    for cell in nb.cells:
+        assert "execution" not in cell.metadata and "papermill" not in cell.metadata
+    assert nb.cells[1]["id"] == "injected-parameters"
+
+
+def test_normalize_shows_parameters_in_force_once():
+    own, injected, _ = normalize(executed_like_papermill(), "quick").cells
+    assert "remove-cell" in own.metadata["tags"]
+    assert injected.source.splitlines() == [
+        "# Parameters in force (profile: quick; from data/params.yaml)", "seed = 2"]
+    assert "remove-cell" not in injected.metadata["tags"] and "hide-input" in injected.metadata["tags"]
+
+
+def test_normalize_is_idempotent():
+    once = nbformat.writes(normalize(executed_like_papermill(), "published"))
+    assert nbformat.writes(normalize(nbformat.reads(once, 4), "published")) == once
 
 
 def statuses(report):
-    return {o.notebook: o.status for o in report.outcomes}
+    return {nb: o["status"] for nb, o in report["notebooks"].items()}
 
 
-def test_failing_cell_gives_one_line_and_keeps_old_site(fixture_book):
-    # A site from an earlier build, which a failed build must leave alone.
-    old_site = fixture_book.html
-    old_site.mkdir(parents=True)
-    (old_site / "index.html").write_text("the last good site")
-    failing = [*GOOD_CELLS[:3],
-               ("code", "x = 1"),
-               ("code", "import numpy as np\nnp.linalg.inv(np.zeros((2, 2)))"),
-               ("code", "print('never reached')")]
-    write_notebook(fixture_book.root, failing)
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "bookbuild", "--root", str(fixture_book.root), "build"],
-        capture_output=True, text=True)
-
-    assert proc.returncode == 1
-    expected = f"FAILED {NOTEBOOK} cell 5: LinAlgError: Singular matrix"
-    assert expected in proc.stdout.splitlines()
-    assert (old_site / "index.html").read_text() == "the last good site"
-    assert (fixture_book.failed / NOTEBOOK).exists(), "partial output must be kept"
-    assert not (fixture_book.executed / NOTEBOOK).exists(), "never install a failed run"
+def artifacts(book):
+    """Every file an execution leaves (notebook, tables, figures, checks) -> its bytes."""
+    return {p.relative_to(book.build): p.read_bytes() for folder in
+            (book.executed, book.results, book.figures, book.checks) for p in folder.rglob("*") if p.is_file()}
 
 
-def test_failure_keeps_last_successful_execution(fixture_book):
-    first = execute_notebooks(fixture_book, echo=quiet)
-    assert statuses(first) == {NOTEBOOK: "executed"}
-    good = (fixture_book.executed / NOTEBOOK).read_bytes()
-    table = (fixture_book.results / "demo" / "values.csv").read_bytes()
-    write_notebook(fixture_book.root, [*GOOD_CELLS, ("code", "raise RuntimeError('late')")])
+@pytest.mark.slow
+def test_two_clean_executions_are_byte_identical_then_cached(built_book, tmp_path, capfd):
+    book = copy_book(built_book, tmp_path / "book")
+    first = artifacts(book)
+    assert {p.suffix for p in first} >= {".ipynb", ".csv", ".png", ".yaml"}
 
-    second = execute_notebooks(fixture_book, echo=quiet)
-
-    assert [o.message for o in second.failed] == [
-        f"FAILED {NOTEBOOK} cell 5: RuntimeError: late"]
-    assert (fixture_book.executed / NOTEBOOK).read_bytes() == good
-    assert (fixture_book.results / "demo" / "values.csv").read_bytes() == table
-
-
-def test_hung_cell_times_out_with_one_line(fixture_book):
-    write_notebook(fixture_book.root, [*GOOD_CELLS[:2], ("code", "x = 1"),
-                                       ("code", "import time\ntime.sleep(60)")])
-
-    report = execute_notebooks(fixture_book, cell_timeout=3, echo=quiet)
-
-    [failure] = report.failed
-    assert failure.message == (
-        f"FAILED {NOTEBOOK} cell 4: CellTimeoutError: cell did not finish within 3 s")
-
-
-def test_two_clean_executions_are_byte_identical_and_progress_stays_off_the_page(fixture_book):
-    lines = []
-    execute_notebooks(fixture_book, echo=lines.append)
-    first = {p: p.read_bytes() for p in fixture_book.build.rglob("*")
-             if p.is_file() and "logs" not in p.parts and p.suffix != ".json"}
-    assert any(p.suffix == ".png" for p in first) and any(p.suffix == ".csv" for p in first)
-    # Progress from inside the notebook reaches the terminal, not the rendered outputs.
-    assert any(f"{NOTEBOOK}: " in line and "looping: 3/3" in line for line in lines)
-    outputs = json.dumps([c.get("outputs", []) for c in
-                          nbformat.read(fixture_book.executed / NOTEBOOK, 4).cells])
-    assert "looping" not in outputs
-    assert "book-table" in outputs and "T_" not in outputs and " at 0x" not in outputs  # a styled table, no ids
-
-    report = execute_notebooks(fixture_book, force=["chapters/demo"], echo=quiet)
+    report = execute_notebooks(book, force=["chapters/demo"], echo=quiet)
 
     assert statuses(report) == {NOTEBOOK: "executed"}
-    for path, data in first.items():
-        assert path.read_bytes() == data, f"{path} differs between two executions"
+    assert artifacts(book) == first, "two executions differ"
+    # Progress reaches the terminal (the kernel's stderr), not the page.
+    assert f"{NOTEBOOK}: " in capfd.readouterr().err.split("looping: 3/3")[0].splitlines()[-1]
+    outputs = json.dumps([c.get("outputs", []) for c in
+                          nbformat.read(book.executed / NOTEBOOK, 4).cells])
+    assert "looping" not in outputs
+    assert "book-table" in outputs and "T_" not in outputs and " at 0x" not in outputs
+    lines = []
+    assert statuses(execute_notebooks(book, echo=lines.append)) == {NOTEBOOK: "cached"}
+    assert lines == ["[book] all 1 notebook(s) up to date (profile published)"]
 
 
-def test_cache_skips_unchanged_and_reruns_on_lib_or_params_change(fixture_book):
-    messages = []
-    assert statuses(execute_notebooks(fixture_book, echo=quiet)) == {NOTEBOOK: "executed"}
-    assert statuses(execute_notebooks(fixture_book, echo=messages.append)) == {NOTEBOOK: "cached"}
-    assert any("up to date" in m for m in messages)
-
-    (fixture_book.root / "lib" / "__init__.py").write_text("VERSION = 2\n")
-    assert statuses(execute_notebooks(fixture_book, echo=quiet)) == {NOTEBOOK: "executed"}
-    assert statuses(execute_notebooks(fixture_book, echo=quiet)) == {NOTEBOOK: "cached"}
-    # Another profile is another set of parameters: executed again.
-    assert statuses(execute_notebooks(fixture_book, profile="quick", echo=quiet)) == {
-        NOTEBOOK: "executed"}
+HANG = "chapters/demo/hang.ipynb"
 
 
-def test_site_failure_leaves_previous_site(fixture_book):
-    execute_notebooks(fixture_book, echo=quiet)
-    assert build_site(fixture_book, echo=quiet)
-    index = (fixture_book.html / "index.html").read_bytes()
-    # A broken cross-reference is a warning, and -W makes it an error.
-    (fixture_book.root / "intro.md").write_text("# Fixture\n\nSee {ref}`no-such-label`.\n")
+@pytest.mark.slow
+def test_failures_are_one_line_each_and_keep_the_last_good_build(built_book, tmp_path):
+    book = copy_book(built_book, tmp_path / "book")
+    index, good = (book.html / "index.html").read_bytes(), artifacts(book)
+    write_notebook(book.root, [*DEMO_CELLS, ("code", "raise RuntimeError('late')")])
+    # A second notebook, run alongside, whose cell outlives its timeout from params.yaml.
+    write_notebook(book.root, [("md", "# Hang"), ("code", "seed = 0", "parameters"),
+                               ("code", "import time\ntime.sleep(60)")], HANG)
+    (book.root / "_toc.yml").write_text((book.root / "_toc.yml").read_text()
+                                        + "  - file: chapters/demo/hang\n")
+    params = yaml.safe_load(book.params_path.read_text())
+    params[HANG] = {"published": {"seed": 0}, "cell_timeout": 3}
+    book.params_path.write_text(yaml.safe_dump(params))
 
-    assert not build_site(fixture_book, echo=quiet)
-    assert (fixture_book.html / "index.html").read_bytes() == index
+    proc = subprocess.run([sys.executable, "-m", "bookbuild", "--root", str(book.root), "build"],
+                          capture_output=True, text=True)
+
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert f"FAILED {NOTEBOOK} cell 6: RuntimeError: late" in lines
+    assert f"FAILED {HANG} cell 3: CellTimeoutError: cell did not finish within 3 s" in lines
+    assert (book.html / "index.html").read_bytes() == index, "the site must stay"
+    assert artifacts(book) == good, "the last successful execution must stay"
+    assert (book.failed / NOTEBOOK).exists() and (book.failed / HANG).exists()
