@@ -11,13 +11,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.linalg import expm
 
 import reference
 
-from lib import (DiagonalSSM, LinearSSM, RelativeHeads, SharedStateSSM, fit_heads, heads_from_ssm, heads_needed, interaction_rank,
-                 min_heads, optimal_head_errors, population_error, relative_error, s4d_continuous, s4d_ssm,
-                 s4d_step, truncated_heads)
+from lib import (DiagonalSSM, LinearSSM, RelativeHeads, SharedStateSSM, fit_heads, heads_from_ssm, heads_needed,
+                 interaction_rank, min_heads, optimal_head_errors, population_error, relative_error,
+                 truncated_heads)
 
 
 # -- independent references ---------------------------------------------------------
@@ -461,50 +460,6 @@ def test_thm_rank_gap_single_head_represents_every_ssm_with_k_at_most_one():
     assert relative_error(run(model, X), np.einsum("ijpd,bjd->bip", operator_np(ssm, 12), X)) < 1e-13
 
 
-# -- the S4D-style constructor ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("init", ["lin", "real"])
-@pytest.mark.parametrize("N", [1, 4, 7])
-def test_s4d_ssm_has_requested_spectral_radius(init, N):
-    rho = 0.9
-    ssm = s4d_ssm(N, 3, rho, init=init, seed=0)
-    eig = np.linalg.eigvals(abc(ssm)[0])
-    assert ssm.N == N and ssm.d == ssm.p == 3
-    assert np.abs(eig).max() == pytest.approx(rho, rel=1e-12)
-    if init == "lin":
-        np.testing.assert_allclose(np.abs(eig), rho, rtol=1e-12)
-        step = -2 * np.log(rho)
-        angles = np.sort(np.abs(np.angle(eig)))
-        m = np.r_[np.arange(1, N // 2 + 1), -np.arange(1, N // 2 + 1), [0] * (N % 2)]
-        expected = np.sort(np.abs(np.angle(np.exp(step * (-0.5 + 1j * np.pi * m)))))
-        np.testing.assert_allclose(angles, expected, atol=1e-12)
-    else:
-        np.testing.assert_allclose(np.sort(eig.real), np.sort(rho ** np.arange(1, N + 1)), rtol=1e-12)
-    assert s4d_ssm(4, 2, 0.5, p=3).p == 3
-
-
-def test_s4d_continuous_is_the_system_behind_s4d_ssm():
-    # ZOH by hand: A = exp(Δ A_c) (scipy's expm), B = A_c⁻¹(A − I) B_c (A_c is invertible here).
-    for init, step in (("lin", -2 * np.log(0.9)), ("real", -np.log(0.9))):
-        assert s4d_step(0.9, init) == pytest.approx(step, rel=1e-15)
-        A_c, B_c, C = s4d_continuous(5, 3, init=init, p=2, seed=4)
-        assert A_c.shape == (5, 5) and B_c.shape == (5, 3) and C.shape == (2, 5)
-        direct = s4d_ssm(5, 3, 0.9, init=init, p=2, seed=4)
-        A = expm(step * A_c)
-        A_d, B_d, C_d = abc(direct)
-        np.testing.assert_allclose(A_d, A, atol=1e-14)
-        np.testing.assert_allclose(B_d, np.linalg.solve(A_c, (A - np.eye(5)) @ B_c), atol=1e-13)
-        np.testing.assert_allclose(C_d, C, atol=0)
-        assert np.abs(np.linalg.eigvals(A_d)).max() == pytest.approx(0.9, rel=1e-12)
-    # The modes as documented: blocks [[−½, −πm], [πm, −½]], m = 1..⌊N/2⌋, then −½; diag(−1..−N).
-    A_lin = s4d_continuous(5, 1)[0]
-    np.testing.assert_allclose(A_lin[:2, :2], [[-0.5, -np.pi], [np.pi, -0.5]])
-    np.testing.assert_allclose(A_lin[2:4, 2:4], [[-0.5, -2 * np.pi], [2 * np.pi, -0.5]])
-    assert A_lin[4, 4] == -0.5 and np.count_nonzero(A_lin) == 9
-    np.testing.assert_array_equal(s4d_continuous(3, 1, init="real")[0], np.diag([-1.0, -2.0, -3.0]))
-
-
 # -- bad input ---------------------------------------------------------------------------------
 
 SSM = LinearSSM.random(3, 2, 2, seed=0)
@@ -574,16 +529,6 @@ HEADS = RelativeHeads.random(1, 5, 2, 2)
     (lambda: population_error(SSM, SSM, 5, mean=np.array([1.0, np.inf])), ValueError, "mean must be finite"),
     (lambda: population_error(SSM, SSM, 5, mean=1.0), TypeError, "mean must be a torch tensor or numpy"),
     (lambda: population_error(SSM, SSM, 5, mean=np.ones(2, dtype=int)), TypeError, "mean must have a real"),
-    # the S4D-style constructor
-    (lambda: s4d_step(1.5), ValueError, "spectral_radius must be finite and in"),
-    (lambda: s4d_step(0.0), ValueError, "spectral_radius must be finite and in"),
-    (lambda: s4d_step(0.9, init="diag"), ValueError, "init must be one of"),
-    (lambda: s4d_ssm(4, 2, 1.0), ValueError, "spectral_radius"),
-    (lambda: s4d_ssm(4, 2, 0.9, init="diag"), ValueError, "init must be one of"),
-    (lambda: s4d_ssm(0, 2, 0.9), ValueError, "N must be >= 1"),
-    (lambda: s4d_continuous(3, 0), ValueError, "d must be >= 1"),
-    (lambda: s4d_continuous(3, 2, p=0), ValueError, "p must be >= 1"),
-    (lambda: s4d_continuous(3.0, 2), TypeError, "N must be an integer"),
 ])
 def test_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):

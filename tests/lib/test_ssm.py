@@ -751,7 +751,17 @@ def test_s4d_continuous_is_the_system_behind_s4d_ssm(init):
     lam, V = np.linalg.eig(A_c)  # A_c is normal: e^{ΔA_c} by its eigendecomposition, in numpy
     A = (V @ np.diag(np.exp(step * lam)) @ np.linalg.inv(V)).real
     np.testing.assert_allclose(lti(direct)[0], A, atol=1e-14)
+    np.testing.assert_allclose(lti(direct)[1], np.linalg.solve(A_c, (A - np.eye(5)) @ B_c), atol=1e-13)  # A_c invertible
     np.testing.assert_array_equal(lti(direct)[2], C)
+
+
+def test_s4d_continuous_has_the_documented_modes():
+    # Blocks [[−½, −πm], [πm, −½]], m = 1..⌊N/2⌋, then −½ (lin); diag(−1, …, −N) (real).
+    A_lin = s4d_continuous(5, 1)[0]
+    np.testing.assert_allclose(A_lin[:2, :2], [[-0.5, -np.pi], [np.pi, -0.5]])
+    np.testing.assert_allclose(A_lin[2:4, 2:4], [[-0.5, -2 * np.pi], [2 * np.pi, -0.5]])
+    assert A_lin[4, 4] == -0.5 and np.count_nonzero(A_lin) == 9
+    np.testing.assert_array_equal(s4d_continuous(3, 1, init="real")[0], np.diag([-1.0, -2.0, -3.0]))
 
 
 @pytest.mark.parametrize("call_,error,match", [
@@ -763,6 +773,10 @@ def test_s4d_continuous_is_the_system_behind_s4d_ssm(init):
     (lambda: s4d_ssm(4, 2, 0.9, init="diag"), ValueError, "init must be one of"),
     (lambda: s4d_ssm(4, 2, 0.9, dtype="float32"), TypeError, "dtype must be torch.float32 or torch.float64"),
     (lambda: s4d_continuous(4, 2, init=None), ValueError, "init must be one of"),
+    (lambda: s4d_ssm(0, 2, 0.9), ValueError, "N must be >= 1"),
+    (lambda: s4d_continuous(3, 0), ValueError, "d must be >= 1"),
+    (lambda: s4d_continuous(3, 2, p=0), ValueError, "p must be >= 1"),
+    (lambda: s4d_continuous(3.0, 2), TypeError, "N must be an integer"),
 ])
 def test_s4d_bad_input_names_the_argument(call_, error, match):
     with pytest.raises(error, match=match):
