@@ -21,20 +21,6 @@ from experiments.trained_heads import (DigitSequences, _extended_kernel_singular
 from lib import DiagonalSSM, SharedStateSSM, min_heads, optimal_head_errors, relative_error
 
 
-def random_diagonal(d, M, *, complex_modes=True, seed=0):
-    """A DiagonalSSM at a random parameter (not an initialisation: random imaginary parts too)."""
-    rng = np.random.default_rng(seed)
-    C = rng.standard_normal((d, M, 2) if complex_modes else (d, M))
-    return DiagonalSSM(rng.uniform(-3, 0, d), rng.standard_normal((d, M)), C, rng.standard_normal(d),
-                       rng.uniform(-4, 4, (d, M)) if complex_modes else None)
-
-
-def random_shared(d, M, seed=0):
-    rng = np.random.default_rng(seed)
-    return SharedStateSSM(rng.uniform(-3, 0, M), rng.standard_normal(M), rng.uniform(-4, 4, M),
-                          rng.standard_normal((M, d, 2)), rng.standard_normal((d, M, 2)), rng.standard_normal(d))
-
-
 def lags_np(layer, n):
     return layer.lags(n).numpy(force=True)
 
@@ -53,7 +39,7 @@ def outputs(model, X):
 
 
 @pytest.mark.parametrize("d, M, n", [(3, 2, 2), (3, 2, 3), (3, 1, 8), (4, 3, 6)])
-def test_prop_trained_lag_span_diagonal_generic_value_on_random_parameters(d, M, n):
+def test_prop_trained_lag_span_diagonal_generic_value_on_random_parameters(d, M, n, random_diagonal):
     for seed in range(3):
         for complex_modes in (True, False):
             layer = random_diagonal(d, M, complex_modes=complex_modes, seed=seed)
@@ -62,7 +48,7 @@ def test_prop_trained_lag_span_diagonal_generic_value_on_random_parameters(d, M,
 
 
 @pytest.mark.parametrize("d, M, n", [(2, 1, 5), (3, 2, 8), (3, 3, 7), (3, 3, 4), (4, 2, 3)])
-def test_prop_trained_lag_span_shared_generic_value_on_random_parameters(d, M, n):
+def test_prop_trained_lag_span_shared_generic_value_on_random_parameters(d, M, n, random_shared):
     for seed in range(3):
         layer = random_shared(d, M, seed=seed)
         assert generic_lag_span_dimension(layer, n) == min(2 * M + 1, n)
@@ -90,7 +76,7 @@ def test_prop_trained_lag_span_witness_of_the_proof_attains_n_plus_one():
     assert exact_lag_span_dimension(layer, 12).k == 7
 
 
-def test_prop_trained_lag_span_upper_bounds_and_non_generic_points():
+def test_prop_trained_lag_span_upper_bounds_and_non_generic_points(random_diagonal, random_shared):
     # Bounds hold everywhere; equality is generic, not universal.
     n = 12
     s5 = SharedStateSSM.random(3, 6, seed=0)                  # S4D-Lin start: λ_0 = −½ is real, μ_0 = μ̄_0
@@ -125,7 +111,7 @@ def test_exact_lag_span_dimension_sees_through_rounding():
     assert twin.k == 19 and twin.largest_dropped < 1e-45
 
 
-def test_extended_precision_lags_are_the_float64_lags():
+def test_extended_precision_lags_are_the_float64_lags(random_diagonal):
     # The 50-digit lag diagonals are the layer's own: their singular values match numpy's on the float64 lags
     # wherever float64 resolves them (a well-conditioned case), for complex and real modes.
     for layer in (random_diagonal(4, 3, seed=11), random_diagonal(3, 2, complex_modes=False, seed=12)):
@@ -152,13 +138,13 @@ def test_input_moments_match_numpy():
     np.testing.assert_allclose(covariance, np.cov(tokens.T, bias=True), rtol=1e-12)
 
 
-def test_mean_path_is_the_output_on_a_constant_input():
+def test_mean_path_is_the_output_on_a_constant_input(random_shared):
     layer, mu = random_shared(3, 2, seed=3), np.array([0.5, -1.0, 2.0])
     np.testing.assert_allclose(mean_path(layer, 9, mu), outputs(layer, np.tile(mu, (9, 1))), atol=1e-13)
 
 
 @pytest.mark.parametrize("law", ["gaussian", "uniform"])
-def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law):
+def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law, random_diagonal):
     # Part 3: with the mean path, the error of the centred H-head model is Σ_{q>H} σ_q(G_Σ)² whatever the mean
     # (Monte Carlo, 4 standard errors), and the CentredHeads forward is heads(x − x̄) + ȳ.
     layer, n = random_diagonal(3, 2, seed=8), 10
@@ -175,7 +161,7 @@ def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law
         assert relative_error(outputs(model, X[:50]), by_hand) < 1e-12
 
 
-def test_cor_truncation_exact_on_range_of_sigma_and_not_beyond():
+def test_cor_truncation_exact_on_range_of_sigma_and_not_beyond(random_shared):
     # H >= rank G_Σ: the centred truncation equals the layer when x_j − x̄ ∈ range Σ; off that range it need not.
     layer, n = random_shared(3, 2, seed=4), 10
     moments, S = moments_of(3, 2, 5)                          # singular Σ
@@ -218,7 +204,7 @@ def test_cor_truncation_exact_classifier_logits_at_k():
             assert change > 1e-6 and swept["logit change"] == pytest.approx(change, rel=1e-9)
 
 
-def test_truncation_errors_predicted_column_is_the_closed_form_and_iid_inputs_match_it():
+def test_truncation_errors_predicted_column_is_the_closed_form_and_iid_inputs_match_it(random_shared):
     layer, n = random_shared(3, 2, seed=9), 12
     moments, S = moments_of(3, 3, 4)
     X = moments[0] + np.random.default_rng(2).standard_normal((8_000, n, 3)) @ S.T

@@ -635,33 +635,19 @@ def shared_np(layer, X):
     return Y
 
 
-def random_diagonal(d, M, *, complex_modes=True, seed=0):
-    """A DiagonalSSM at a random parameter (not an initialisation: random imaginary parts too)."""
-    rng = np.random.default_rng(seed)
-    C = rng.standard_normal((d, M, 2) if complex_modes else (d, M))
-    return DiagonalSSM(rng.uniform(-3, 0, d), rng.standard_normal((d, M)), C, rng.standard_normal(d),
-                       rng.uniform(-4, 4, (d, M)) if complex_modes else None)
-
-
-def random_shared(d, M, seed=0):
-    rng = np.random.default_rng(seed)
-    return SharedStateSSM(rng.uniform(-3, 0, M), rng.standard_normal(M), rng.uniform(-4, 4, M),
-                          rng.standard_normal((M, d, 2)), rng.standard_normal((d, M, 2)), rng.standard_normal(d))
-
-
-LAYERS = {
-    "S4D-Lin init": lambda: DiagonalSSM.random(3, 4, seed=1),
-    "S4D-Real init": lambda: DiagonalSSM.random(3, 3, init="real", seed=2),
-    "diagonal random": lambda: random_diagonal(3, 2, seed=3),
-    "diagonal random real": lambda: random_diagonal(2, 3, complex_modes=False, seed=4),
-    "S5 init": lambda: SharedStateSSM.random(3, 4, seed=5),
-    "shared random": lambda: random_shared(3, 3, seed=6),
+LAYERS = {  # built from the conftest's random_diagonal, random_shared
+    "S4D-Lin init": lambda diagonal, shared: DiagonalSSM.random(3, 4, seed=1),
+    "S4D-Real init": lambda diagonal, shared: DiagonalSSM.random(3, 3, init="real", seed=2),
+    "diagonal random": lambda diagonal, shared: diagonal(3, 2, seed=3),
+    "diagonal random real": lambda diagonal, shared: diagonal(2, 3, complex_modes=False, seed=4),
+    "S5 init": lambda diagonal, shared: SharedStateSSM.random(3, 4, seed=5),
+    "shared random": lambda diagonal, shared: shared(3, 3, seed=6),
 }
 
 
 @pytest.mark.parametrize("case", LAYERS)
-def test_diagonal_layers_match_numpy_their_lags_and_their_modes(case):
-    layer = LAYERS[case]()
+def test_diagonal_layers_match_numpy_their_lags_and_their_modes(case, random_diagonal, random_shared):
+    layer = LAYERS[case](random_diagonal, random_shared)
     X = np.random.default_rng(0).standard_normal((3, 20, layer.d))
     expected = (shared_np if isinstance(layer, SharedStateSSM) else diagonal_np)(layer, X)
     with torch.no_grad():
@@ -706,11 +692,11 @@ def test_diagonal_layers_train_in_float32():
      ValueError, r"C must have shape \(d, M\)"),
     (lambda: SharedStateSSM(np.zeros(2), np.zeros(2), np.zeros(2), np.zeros((2, 3, 2)), np.zeros((3, 2, 2)),
                             np.zeros(4)), ValueError, r"D must have shape \(d,\) = \(3,\)"),
-    (lambda: LAYERS["S5 init"]()(torch.zeros(4, 3, dtype=F64), method="scan"), ValueError,
+    (lambda: SharedStateSSM.random(3, 4, seed=5)(torch.zeros(4, 3, dtype=F64), method="scan"), ValueError,
      "method must be one of 'auto', 'recurrence', 'convolution'"),
-    (lambda: LAYERS["S4D-Lin init"]().kernel(0), ValueError, "n must be >= 1"),
-    (lambda: LAYERS["S4D-Lin init"]().lags(-1), ValueError, "n must be >= 1"),
-    (lambda: LAYERS["S5 init"]().lags(1.5), TypeError, "n must be an integer"),
+    (lambda: DiagonalSSM.random(3, 4, seed=1).kernel(0), ValueError, "n must be >= 1"),
+    (lambda: DiagonalSSM.random(3, 4, seed=1).lags(-1), ValueError, "n must be >= 1"),
+    (lambda: SharedStateSSM.random(3, 4, seed=5).lags(1.5), TypeError, "n must be an integer"),
 ])
 def test_diagonal_layer_bad_input_names_the_argument(call_, error, match):
     with pytest.raises(error, match=match):
