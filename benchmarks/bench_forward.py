@@ -65,9 +65,10 @@ FORWARD, BOTH = "forward", "forward+backward"
 
 ROUTE_NAMES = {"scan": "chunked scan", "quadratic": "quadratic (dual) form",
                "auto": 'method="auto"', "recurrence": "sequential loop"}
-#: lib.ssm's module globals that SelectiveSSM / SSD look up at call time, by route.
-ROUTE_FUNCTIONS = {"selective_loop": "recurrence", "selective_scan": "scan",
-                   "ssd_loop": "recurrence", "ssd_chunked": "scan", "ssd_quadratic": "quadratic"}
+#: lib.ssm's module globals that the models look up at call time, by route.
+ROUTE_FUNCTIONS = {"lti_loop": "recurrence", "lti_chunked": "scan", "selective_loop": "recurrence",
+                   "selective_scan": "scan", "ssd_loop": "recurrence", "ssd_chunked": "scan",
+                   "ssd_quadratic": "quadratic"}
 
 
 @dataclass(frozen=True)
@@ -182,24 +183,11 @@ def prepare(key: str, method: str, L: int, mode: str):
 # --------------------------------------------------------------------------------------
 @contextmanager
 def _recording(model, seen: list):
-    """Record which route a forward pass takes, by wrapping the route functions.
-
-    LinearSSM: its method ``_scan`` (its recurrence is inline in ``forward``: a pass that
-    does not call ``_scan`` took the recurrence); SelectiveSSM and SSD: the module globals
-    of lib.ssm (``selective_loop``, ``selective_scan``, ``ssd_loop``, ``ssd_chunked``,
-    ``ssd_quadratic``), which their ``forward`` looks up at call time.
+    """Record which route a forward pass takes, by wrapping the route functions: the module
+    globals of lib.ssm (``lti_loop``, ``lti_chunked``, ``selective_loop``, ``selective_scan``,
+    ``ssd_loop``, ``ssd_chunked``, ``ssd_quadratic``), which ``forward`` looks up at call time.
     """
-    if isinstance(model, LinearSSM):
-        calls_before = len(seen)
-        original = model._scan
-        model._scan = lambda X: (seen.append("scan"), original(X))[1]
-        try:
-            yield
-        finally:
-            del model._scan
-        if len(seen) == calls_before:
-            seen.append("recurrence")
-    elif isinstance(model, (SelectiveSSM, SSD)):
+    if isinstance(model, (LinearSSM, SelectiveSSM, SSD)):
         originals = {name: getattr(lib.ssm, name) for name in ROUTE_FUNCTIONS}
         for name, route in ROUTE_FUNCTIONS.items():
             setattr(lib.ssm, name,

@@ -75,6 +75,12 @@ def check_real(value: Any, name: str, low: float = -np.inf, high: float = np.inf
     return value
 
 
+def check_dtype(dtype: Any) -> torch.dtype:
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+    return dtype
+
+
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """One of a fixed set of strings."""
     if value not in choices:

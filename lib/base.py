@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._validation import as_tensor, check_shape
+from ._validation import as_tensor, check_dtype, check_shape
 
 
 class SequenceMap(torch.nn.Module):
@@ -36,8 +36,7 @@ class SequenceMap(torch.nn.Module):
 
         Values are copied into `dtype` (float32 or float64); a shape symbol ending in "?" may be 0.
         """
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+        check_dtype(dtype)
         dims = {} if dims is None else dims
         for name, (value, shape) in named.items():
             tensor = as_tensor(value, name)
@@ -61,6 +60,12 @@ class SequenceMap(torch.nn.Module):
         if not bool(torch.isfinite(X.detach()).all()):
             raise ValueError(f"{name} must be finite; got NaN or inf entries")
         return X.ndim == 3
+
+
+def check_model(model: Any, name: str = "model") -> SequenceMap:
+    if not isinstance(model, SequenceMap):
+        raise TypeError(f"{name} must be a SequenceMap; got {type(model).__name__}")
+    return model
 
 
 def batched(method: Callable) -> Callable:

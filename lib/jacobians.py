@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ._validation import as_tensor, check_int
-from .base import SequenceMap
+from .base import check_model
 
 
 def jacobian_blocks(model: Any, X: Any, i: int) -> np.ndarray:
@@ -21,8 +21,7 @@ def jacobian_blocks(model: Any, X: Any, i: int) -> np.ndarray:
     model: a SequenceMap; X: (n, d) (left untouched); 0 <= i < n. Blocks j > i are not
     computed (they vanish for causal models).
     """
-    if not isinstance(model, SequenceMap):
-        raise TypeError(f"model must be a SequenceMap; got {type(model).__name__}")
+    check_model(model)
     X = as_tensor(X, "X", model.dtype).detach().clone()
     if X.ndim != 2 or X.shape[1] != model.d or X.shape[0] < 1:
         raise ValueError(f"X must have shape (n, {model.d}) (one sequence); got {tuple(X.shape)}")

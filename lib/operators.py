@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ._validation import as_tensor, check_int
-from .base import SequenceMap
+from .base import check_model
 
 
 def toeplitz_operator(kernel: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,8 +81,7 @@ def identity_error(model: Any, X: Any) -> float:
 
     model: a SequenceMap; X: (n, d) or (b, n, d), numpy or torch.
     """
-    if not isinstance(model, SequenceMap):
-        raise TypeError(f"model must be a SequenceMap; got {type(model).__name__}")
+    check_model(model)
     X = as_tensor(X, "X", model.dtype)
     with torch.no_grad():
         return relative_error(apply_operator(model.operator(X), X), model(X))

@@ -1,7 +1,10 @@
-"""The forward routes of SelectiveSSM and SSD (loops and fast chunked scans), and the FFT convolution.
+"""The forward routes of the SSMs (loops and fast chunked scans), the lags by doubling, the FFT convolution.
 
 An optional module: a first read of lib may skip it. The loops are the reference; every
 other route agrees with its loop to rounding (tests/lib/test_scan.py).
+
+LTI SSM (lib.ssm.LinearSSM): `lti_loop`, and `lti_chunked` (a convolution with the lags inside
+chunks of 64 steps, the state carried across them).
 
 Selective SSM (S6), per batch, channel q and state n (lib.ssm.SelectiveSSM):
 
@@ -25,6 +28,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+
+from .operators import toeplitz_operator
 
 
 LOG2E = 1.0 / math.log(2.0)  # exp(z) = exp2(z·log2 e); torch's exp2 is ~4x faster than exp on CPU
@@ -65,6 +71,51 @@ def ssd_loop(delta, A, B, C, x):
     decay = torch.exp(delta * A)[..., None, None]                   # (b, n, H, 1, 1)
     drive = B[..., None, :, None] * (delta[..., None] * x)[..., None, :]  # (b, n, H, N, P)
     return torch.einsum("...hnp,...n->...hp", affine_loop(decay, drive), C)
+
+
+def lti_loop(A, B, C, X):
+    """y of the LTI SSM s_t = A s_{t−1} + B x_t, y_t = C s_t by the loop. X (b, n, d) → (b, n, p)."""
+    s, states = X.new_zeros(X.shape[0], A.shape[0]), []
+    for u in (X @ B.T).unbind(1):
+        s = s @ A.T + u
+        states.append(s)
+    return torch.stack(states, 1) @ C.T
+
+
+# -- the LTI SSM in chunks ---------------------------------------------------------------------
+
+
+def powers_times(A: torch.Tensor, M: torch.Tensor, n: int) -> torch.Tensor:
+    """A^ℓ M for ℓ = 0..n−1, shape (n, N, k), by doubling: O(log n) large products."""
+    N, k = M.shape
+    out, power = M[:, None, :], A  # out holds A^ℓ M for ℓ < m; power = A^m
+    while out.shape[1] < n:
+        m = out.shape[1]
+        out = torch.cat([out, (power @ out.reshape(N, m * k)).reshape(N, m, k)], 1)
+        if out.shape[1] < n:
+            power = power @ power
+    return out[:, :n].permute(1, 0, 2)
+
+
+def lti_chunked(A, B, C, X, chunk: int = 64):
+    """y of the LTI SSM in chunks: a convolution with the lags inside each, the state carried across."""
+    b, n, d = X.shape
+    T = min(chunk, n)
+    K = -(-n // T)
+    chunks = F.pad(X, (0, 0, 0, K * T - n)).reshape(b, K, T, d)
+    M = powers_times(A, B, T)  # A^ℓ B, (T, N, d)
+    Y = torch.einsum("tspd,bksd->bktp", toeplitz_operator(C @ M, T), chunks)  # inside a chunk
+    # Across chunks: the state s_k = A^T s_{k−1} + Σ_t A^{T−1−t} B x_t enters chunk k + 1 ...
+    gathered = torch.einsum("tnd,bktd->bkn", M.flip(0), chunks)
+    A_T = torch.linalg.matrix_power(A, T)
+    s, entering = X.new_zeros(b, A.shape[0]), []
+    for k in range(K):
+        entering.append(s)
+        s = s @ A_T.T + gathered[:, k]
+    # ... and reaches its t-th output through C A^{t+1}.
+    readout = powers_times(A.T, A.T @ C.T, T).transpose(1, 2)  # (T, p, N)
+    Y = Y + torch.einsum("tpn,bkn->bktp", readout, torch.stack(entering, 1))
+    return Y.reshape(b, K * T, C.shape[0])[:, :n]
 
 
 # -- the chunked layout ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._validation import as_tensor, check_real
-from .base import SequenceMap
+from .base import check_model
 
 
 class OperatorSpan(NamedTuple):
@@ -80,8 +80,7 @@ def interaction_span(model: Any, inputs: Any, rtol: float = 1e-10) -> OperatorSp
     blocks are compressed input by input by QR (which keeps the singular values).
     """
     rtol = check_rtol(rtol)
-    if not isinstance(model, SequenceMap):
-        raise TypeError(f"model must be a SequenceMap; got {type(model).__name__}")
+    check_model(model)
     stacked = None
     for X in _sequences(inputs, model.d, model.dtype):
         with torch.no_grad():

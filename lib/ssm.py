@@ -17,22 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._validation import as_generator, as_tensor, check_choice, check_int, check_real, check_shape
+from ._validation import as_generator, as_tensor, check_choice, check_dtype, check_int, check_real, check_shape
 from .base import SequenceMap, batched
 from .operators import factorized_operator, toeplitz_operator
-from .scan import selective_loop, selective_scan, ssd_chunked, ssd_loop, ssd_quadratic
-
-
-def _powers_times(A: torch.Tensor, M: torch.Tensor, n: int) -> torch.Tensor:
-    """A^ℓ M for ℓ = 0..n−1, shape (n, N, k), by doubling: O(log n) large products."""
-    N, k = M.shape
-    out, power = M[:, None, :], A  # out holds A^ℓ M for ℓ < m; power = A^m
-    while out.shape[1] < n:
-        m = out.shape[1]
-        out = torch.cat([out, (power @ out.reshape(N, m * k)).reshape(N, m, k)], 1)
-        if out.shape[1] < n:
-            power = power @ power
-    return out[:, :n].permute(1, 0, 2)
+from .scan import (lti_chunked, lti_loop, powers_times, selective_loop, selective_scan, ssd_chunked, ssd_loop,
+                   ssd_quadratic)
 
 
 def _softplus(z: torch.Tensor) -> torch.Tensor:
@@ -67,11 +56,10 @@ class LinearSSM(SequenceMap):
     """s_i = A s_{i−1} + B x_i, y_i = C s_i, s_{−1} = 0; A (N, N), B (N, d), C (p, N).
 
     {prf:ref}`def-lti-ssm`, {prf:ref}`prop-lti-ssm`: 𝒲_ij = L_{i−j} = C A^{i−j} B for j <= i.
-    Routes: "recurrence"; "scan" (chunks of 64 steps: a convolution inside, the state carried
-    across); "auto" (recurrence for n <= 256).
+    Routes: "recurrence"; "scan" (chunks of 64 steps, lib.scan); "auto" (recurrence up to n = 256).
     """
 
-    _CHUNK, _RECURRENCE_UP_TO = 64, 256
+    _RECURRENCE_UP_TO = 256
 
     def __init__(self, A: Any, B: Any, C: Any, *, dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
@@ -132,8 +120,7 @@ class LinearSSM(SequenceMap):
         B = Δ φ₁(Δ A_c) B_c, for every A_c (singular too), from the exponential of
         Δ [[A_c, B_c], [0, 0]]. A_c (N, N), B_c (N, d), C_c (p, N), Δ > 0.
         """
-        if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+        check_dtype(dtype)
         dims: dict[str, int] = {}
         A_c, B_c, C_c = (as_tensor(v, name, dtype) for v, name in ((A_c, "A_c"), (B_c, "B_c"), (C_c, "C_c")))
         for tensor, name, shape in ((A_c, "A_c", "N N"), (B_c, "B_c", "N d"), (C_c, "C_c", "p N")):
@@ -162,37 +149,13 @@ class LinearSSM(SequenceMap):
 
     def lags(self, n: int) -> torch.Tensor:
         """L_ℓ = C A^ℓ B for ℓ = 0..n−1, shape (n, p, d), by doubling."""
-        return self.C @ _powers_times(self.A, self.B, check_int(n, "n"))
+        return self.C @ powers_times(self.A, self.B, check_int(n, "n"))
 
     @batched
     def forward(self, X: torch.Tensor, method: str = "auto") -> torch.Tensor:
         method = check_choice(method, "method", ("auto", "recurrence", "scan"))
-        if method == "recurrence" or (method == "auto" and X.shape[1] <= self._RECURRENCE_UP_TO):
-            s, states = X.new_zeros(X.shape[0], self.N), []
-            for u in (X @ self.B.T).unbind(1):
-                s = s @ self.A.T + u
-                states.append(s)
-            return torch.stack(states, 1) @ self.C.T
-        return self._scan(X)
-
-    def _scan(self, X: torch.Tensor) -> torch.Tensor:
-        b, n, d = X.shape
-        T = min(self._CHUNK, n)
-        K = -(-n // T)
-        chunks = F.pad(X, (0, 0, 0, K * T - n)).reshape(b, K, T, d)
-        M = _powers_times(self.A, self.B, T)  # A^ℓ B, (T, N, d)
-        Y = torch.einsum("tspd,bksd->bktp", toeplitz_operator(self.C @ M, T), chunks)  # inside a chunk
-        # Across chunks: the state s_k = A^T s_{k−1} + Σ_t A^{T−1−t} B x_t enters chunk k + 1 ...
-        gathered = torch.einsum("tnd,bktd->bkn", M.flip(0), chunks)
-        A_T = torch.linalg.matrix_power(self.A, T)
-        s, entering = X.new_zeros(b, self.N), []
-        for k in range(K):
-            entering.append(s)
-            s = s @ A_T.T + gathered[:, k]
-        # ... and reaches its t-th output through C A^{t+1}.
-        readout = _powers_times(self.A.T, self.A.T @ self.C.T, T).transpose(1, 2)  # (T, p, N)
-        Y = Y + torch.einsum("tpn,bkn->bktp", readout, torch.stack(entering, 1))
-        return Y.reshape(b, K * T, self.p)[:, :n]
+        loop = method == "recurrence" or (method == "auto" and X.shape[1] <= self._RECURRENCE_UP_TO)
+        return (lti_loop if loop else lti_chunked)(self.A, self.B, self.C, X)
 
     @batched
     def operator(self, X: torch.Tensor) -> torch.Tensor:

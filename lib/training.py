@@ -21,11 +21,11 @@ def _device(device: Any) -> torch.device:
         raise TypeError(f"device must be a str or torch.device; got {type(device).__name__}")
     try:
         resolved = torch.device(device)
-    except (RuntimeError, ValueError) as error:
-        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda'; got {device!r} ({error})") from None
-    backend = getattr(torch, resolved.type, None)
-    if resolved.type != "cpu" and not (callable(getattr(backend, "is_available", None)) and backend.is_available()):
-        raise ValueError(f"device {device!r} is not available on this machine; use device='cpu'")
+        available = resolved.type == "cpu" or getattr(torch, resolved.type).is_available()
+    except (AttributeError, RuntimeError, ValueError):
+        available = False
+    if not available:
+        raise ValueError(f"device must be 'cpu' or an accelerator available on this machine; got {device!r}")
     return resolved
 
 
@@ -42,8 +42,8 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
     trains on `device` and returns to the CPU, also on failure. FloatingPointError names the
     step where the loss stops being finite.
     """
-    if not isinstance(model, torch.nn.Module) or not list(model.parameters()):
-        raise TypeError(f"model must be a torch.nn.Module with parameters; got {type(model).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if not callable(loss) or not callable(batches):
         raise TypeError("loss and batches must be callable")
     if progress is not None and not callable(progress):
@@ -52,12 +52,12 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
     final = lr if final_lr is None else check_real(final_lr, "final_lr", low=0, open_interval=True)
     optimizer = check_choice(optimizer, "optimizer", ("adam", "sgd"))
     device = _device(device)
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError("model must have parameters that require grad; got every parameter frozen")
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if not parameters:
+        raise ValueError("model must have parameters that require grad; got none")
     stream = iter(batches(torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))))
     model.to(device)
     try:
-        parameters = [p for p in model.parameters() if p.requires_grad]
         rule = (torch.optim.Adam(parameters, lr=lr) if optimizer == "adam"
                 else torch.optim.SGD(parameters, lr=lr, momentum=0.9))
         schedule = torch.optim.lr_scheduler.ExponentialLR(rule, gamma=(final / lr) ** (1 / max(steps - 1, 1)))
@@ -73,7 +73,7 @@ def fit(model: torch.nn.Module, loss: Callable[..., torch.Tensor],
             schedule.step()
             history.append(value.detach())
             if progress is not None and (step + 1) % max(steps // 10, 1) == 0:
-                low, high = float(value.detach().min()), float(value.detach().max())
+                low, high = float(history[-1].min()), float(history[-1].max())
                 shown = f"{low:.4g}" if value.numel() == 1 else f"{low:.4g} .. {high:.4g}"
                 progress(f"{label or type(model).__name__} step {step + 1}/{steps}: loss {shown}")
     finally:
