@@ -226,7 +226,9 @@ class SSD(SequenceMap):
 
     With Δ_t^h = softplus(w_Δ^h · x_t + dt_bias_h), a_t^h = exp(−Δ_t^h exp(A_log_h)) and
     B_t = W_B x_t, C_t = W_C x_t ∈ ℝ^N shared by the heads (one group):
+
         s_t^h = a_t^h s_{t−1}^h + Δ_t^h B_t x_t^{(h)ᵀ},   y_t = W_O concat_h((s_t^h)ᵀ C_t).
+
     {prf:ref}`prop-ssd`: 𝒲_ij(X) = Σ_h (C_i·B_j) Δ_j^h Π_{t=j+1}^{i} a_t^h · W_O P_h (j <= i),
     P_h keeping head h's channels: the factorized class with V_h = W_O P_h.
     Parameters A_log (H,), W_delta (H, d), dt_bias (H,), W_B, W_C (N, d), W_O (p, d).
@@ -346,8 +348,10 @@ class DiagonalSSM(_ModalSSM):
     """S4D's layer (Gu et al. 2022): d single-channel SSMs with M diagonal modes, a step each, a skip D.
 
     Channel q: λ_qm = e^{Δ_q λc_qm}, B̄_qm = (λ_qm − 1)/λc_qm and the kernel
+
         K[q, ℓ] = 2 Re Σ_m C_qm B̄_qm λ_qm^ℓ (complex, C = C[..., 0] + i C[..., 1], N = 2M),
         K[q, ℓ] = Σ_m C_qm B̄_qm λ_qm^ℓ (real: no A_imag, C (d, M), N = M);
+
     y_i[q] = Σ_{ℓ<=i} K[q, ℓ] x_{i−ℓ}[q] + D_q x_i[q]: lags L_ℓ = diag(K[:, ℓ]) + δ_ℓ0 diag(D).
     Parameters log_dt (d,), A_log (d, M), A_imag (d, M) or None, C (d, M, 2) or (d, M), D (d,).
     """
@@ -419,7 +423,9 @@ class SharedStateSSM(_ModalSSM):
 
     λ_m = e^{Δ_m λc_m}, B̄_m = (λ_m − 1)/λc_m B_m, complex B (M, d) and C (d, M) (last axis: real,
     imaginary part), conjugate pairs read out as 2 Re; state size N = 2M (S5's P):
+
         L_ℓ = 2 Re Σ_m C[:, m] λ_m^ℓ B̄_m + δ_ℓ0 diag(D).
+
     Parameters log_dt, A_log, A_imag (M,), B (M, d, 2), C (d, M, 2), D (d,).
     Deviations from S5: S4D-Lin eigenvalues rather than HiPPO-N's; a convolution instead of a
     parallel scan (the same map).

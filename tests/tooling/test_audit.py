@@ -123,6 +123,9 @@ def test_audits_pass_on_a_good_build_and_catch_drift_and_missing_pages(built_boo
     assert problem.startswith(f"demo/values.csv: [row 2] value: committed {float(value) * (1 + 1e-9)}")
     (book.html / "claims.html").unlink()
     assert audit_pages(book).problems == ["claims.md: not rendered (_build/html/claims.html missing)"]
+    intro = book.html / "intro.html"  # autodoc's reST parsed as Markdown shows as text
+    intro.write_text(intro.read_text().replace("</h1>", "</h1><p>.. py:class:: lib.X(*args)</p>", 1))
+    assert "intro.md: shows an unparsed directive '.. py:class::'" in audit_pages(book).problems
 
 
 @pytest.mark.slow
