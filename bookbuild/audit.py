@@ -52,12 +52,9 @@ def audit_pages(book: Book) -> Audit:
             result.problems.append(f"{page}: not rendered ({html.relative_to(book.root)} missing)")
         elif "<h1" not in (text := html.read_text(errors="replace")):
             result.problems.append(f"{page}: rendered page has no title (empty page?)")
-        elif raw := _RAW_DIRECTIVE.search(text):  # reST parsed as Markdown (autodoc in a MyST page)
+        elif raw := re.search(r"<p>\s*(\.\. [\w:-]+::)", text):  # reST parsed as Markdown
             result.problems.append(f"{page}: shows an unparsed directive {raw.group(1)!r}")
     return result
-
-
-_RAW_DIRECTIVE = re.compile(r"<p>\s*(\.\. [\w:-]+::)")
 
 
 def audit_notebook_errors(book: Book) -> Audit:

@@ -194,11 +194,11 @@ class LibApi(SphinxDirective):
         title = self.arguments[0]
         if title not in lib.API:
             raise self.error(f"lib.API has no section {title!r}; it has {', '.join(map(repr, lib.API))}")
-        # autodoc writes reStructuredText: inside a MyST page it must be parsed by eval-rst.
-        lines = [line for name in lib.API[title] for line in (
-            ["```{eval-rst}", f".. autoclass:: lib.{name}", "   :members:", "   :exclude-members: extra_repr",
-             "```", ""] if isinstance(getattr(lib, name), type)
-            else ["```{eval-rst}", f".. autofunction:: lib.{name}", "```", ""])]
+        lines = []
+        for name in lib.API[title]:  # autodoc writes reST, which eval-rst parses inside this MyST page
+            kind = "autoclass" if isinstance(getattr(lib, name), type) else "autofunction"
+            options = ["   :members:", "   :exclude-members: extra_repr"] if kind == "autoclass" else []
+            lines += ["```{eval-rst}", f".. {kind}:: lib.{name}", *options, "```"]
         container = nodes.container()
         self.state.nested_parse(StringList(lines), self.content_offset, container)
         return container.children
