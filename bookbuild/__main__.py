@@ -14,7 +14,6 @@ from .book import Book, BookError
 def cmd_build(args, book: Book, echo) -> int:
     from .execute import execute_notebooks, failures
     from .site import build_site
-
     started = time.perf_counter()
     report = execute_notebooks(book, profile="quick" if args.quick else "published", jobs=args.jobs,
                                force=args.force, cell_timeout=args.cell_timeout, echo=echo)
@@ -37,13 +36,11 @@ def cmd_build(args, book: Book, echo) -> int:
 
 def cmd_audit(args, book: Book, echo) -> int:
     from .audit import run_audits
-
     return 0 if run_audits(book, require_browser=args.require_browser, echo=echo) else 1
 
 
 def cmd_data(args, book: Book, echo) -> int:
     from .results import refresh
-
     changed = refresh(book, echo=echo)
     echo(f"[data] {changed} file(s) changed under data/results and docs/"
          + ("; review and commit them" if changed else ""))
@@ -52,7 +49,6 @@ def cmd_data(args, book: Book, echo) -> int:
 
 def cmd_bundle(args, book: Book, echo) -> int:
     from .bundle import build_bundle, inspect_bundle
-
     summary = inspect_bundle(book, build_bundle(book, echo=echo))
     echo(f"[bundle] {summary.archive}: {summary.describe()}")
     for problem in summary.problems:

@@ -47,6 +47,10 @@ def stage(book: Book) -> Path:
         (target / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target / page)
     (target / LEDGER_FILE).write_text(json.dumps(ledger_inputs(book), indent=1) + "\n")
+    # lib's docstrings (the API page) and the Sphinx extension are inputs of the site too.
+    code = sorted([*book.root.glob("lib/**/*.py"), Path(__file__).with_name("sphinx_ext.py")])
+    digests = (f"{hashlib.sha256(f.read_bytes()).hexdigest()} {f.relative_to(f.parents[1])}\n" for f in code)
+    (target / "_code.sha256").write_text("".join(digests))
     return target
 
 
