@@ -28,6 +28,8 @@ from experiments.head_count import (
     pointwise_lag_rank,
     polynomial_values,
     sampled_head_errors,
+    short_window_bound,
+    short_window_threshold,
     singular_token,
     token_matrix,
     token_miss,
@@ -606,6 +608,70 @@ def test_prop_heads_needed_continuous_limit_counts_depend_on_n_and_rho_through_T
     near = heads_needed(s4d_ssm(32, 8, 0.99, seed=0), n, 1e-2)
     nearer = heads_needed(s4d_ssm(32, 8, 0.9995, seed=0), n, 1e-2)
     assert nearer < near                     # the count falls as ρ → 1 at fixed n (not "grows with ρ")
+
+
+def _zoh_lags_by_quadrature(A_c, B_c, C, step, n, points=2001):
+    # L_ℓ = ∫_{ℓΔ}^{(ℓ+1)Δ} C e^{t A_c} B_c dt by the trapezoidal rule on eigen-decomposed exponentials.
+    mu, R = np.linalg.eig(A_c)
+    Rinv = np.linalg.inv(R)
+    out = []
+    for ell in range(n):
+        t = np.linspace(ell * step, (ell + 1) * step, points)
+        K = np.einsum("pm,tm,md->tpd", C @ R, np.exp(np.outer(t, mu)), Rinv @ B_c).real
+        out.append(np.trapezoid(K, t, axis=0))
+    return np.stack(out)
+
+
+def test_prop_heads_needed_short_window_lags_are_integrals_of_the_impulse_response():
+    # The proof's first step: with ZOH, L_ℓ = ∫_{ℓΔ}^{(ℓ+1)Δ} K(t) dt (lib's block exponential against quadrature).
+    A_c, B_c, C = s4d_continuous(6, 3, seed=2)
+    ssm = LinearSSM.from_continuous(A_c, B_c, C, 0.05, "zoh")
+    np.testing.assert_allclose(lags_np(ssm, 5), _zoh_lags_by_quadrature(A_c, B_c, C, 0.05, 5), atol=1e-9)
+
+
+@pytest.mark.parametrize("system", ["s4d-lin", "non-normal"])
+def test_prop_heads_needed_short_window_bound_holds_at_every_length(system):
+    # The relative one-head least error (SVD of G by numpy) never exceeds the bound, for n from 1 to 500
+    # and windows on both sides of the threshold; for a non-normal A_c (μ > 0 possible) too.
+    if system == "s4d-lin":
+        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
+    else:
+        rng = np.random.default_rng(5)
+        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
+        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    assert np.linalg.eigvalsh((A_c + A_c.T) / 2).max() > 0 or system == "s4d-lin"
+    finite = 0
+    for T in (1e-1, 1e-2, 1e-3, 1e-4):
+        bound = short_window_bound(A_c, B_c, C, T)
+        for n in (1, 2, 7, 60, 500):
+            ssm = LinearSSM.from_continuous(A_c, B_c, C, T / n, "zoh")
+            G = lags_np(ssm, n).reshape(n, -1) * np.sqrt(np.arange(n, 0, -1.0))[:, None]
+            sigma2 = np.linalg.svd(G, compute_uv=False) ** 2
+            assert sigma2[1:].sum() / sigma2.sum() <= bound * (1 + 1e-9)
+        finite += np.isfinite(bound)
+    assert finite >= 2
+
+
+def test_prop_heads_needed_short_window_one_head_below_the_threshold_and_order_T_squared():
+    # Below T* one head reaches ε at every n (zero heads never do: ε < 1); the one-head error is
+    # of order T² like the bound (it shrinks ~100-fold per 10-fold T); the bound matches its formula.
+    A_c, B_c, C = s4d_continuous(8, 3, seed=0)
+    eps = 1e-2
+    T_star = short_window_threshold(A_c, B_c, C, eps)
+    assert short_window_bound(A_c, B_c, C, T_star) <= eps < short_window_bound(A_c, B_c, C, T_star * 1.001)
+    for n in (1, 5, 100, 2000):
+        ssm = LinearSSM.from_continuous(A_c, B_c, C, T_star / n, "zoh")
+        assert heads_needed(ssm, n, eps) == 1
+    errors = []
+    for T in (1e-3, 1e-4):
+        tails = optimal_head_errors(LinearSSM.from_continuous(A_c, B_c, C, T / 300, "zoh"), 300, 1)
+        errors.append(tails[1] / tails[0])
+    assert 80 < errors[0] / errors[1] < 120
+    K0 = np.linalg.norm(C @ B_c)
+    M = np.linalg.norm(C @ A_c, 2) * np.linalg.norm(B_c)  # μ = −1/2 < 0 for S4D-Lin
+    assert short_window_bound(A_c, B_c, C, 1e-3) == pytest.approx((1e-3 * M / (K0 - 1e-3 * M)) ** 2, rel=1e-12)
+    assert short_window_bound(A_c, B_c, C, K0 / M) == np.inf
+    assert short_window_threshold(A_c, np.zeros_like(B_c), C, eps) == 0.0
 
 
 def test_continuous_head_errors_refuses_repeated_modes():
