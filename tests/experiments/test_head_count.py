@@ -18,6 +18,9 @@ from experiments.head_count import (
     complex_values,
     composition_defect,
     continuous_head_errors,
+    elementary_nonsingular_bound,
+    half_circle_bisection,
+    hopf_stiefel_number,
     lag_energy_count,
     lag_span_bound,
     map_head_bounds,
@@ -28,12 +31,14 @@ from experiments.head_count import (
     pointwise_lag_rank,
     polynomial_values,
     sampled_head_errors,
+    search_singular_token,
     short_window_bound,
     short_window_threshold,
     singular_token,
     token_matrix,
     token_miss,
     train_students,
+    truncated_binomial_vanishes,
     worst_conditioned_tokens,
 )
 from lib import (
@@ -392,6 +397,14 @@ def test_lem_odd_nonsingular_needs_odd_p():
     np.testing.assert_allclose(np.linalg.det(token_matrix(Q, U)), np.linalg.norm(U, axis=1) ** 4, rtol=1e-12)
     with pytest.raises(ValueError, match="H = p odd"):
         singular_token(Q, np.ones(4))
+    # The bisection itself, run where the lemma does not apply, finds no zero: it runs to −u_0 and B there
+    # keeps full rank (σ = ‖u‖ = 1 for norm-preserving families), for p = 2, 4, 8 and d <= p.
+    for p, d in [(2, 2), (4, 3), (4, 4), (8, 5), (8, 8)]:
+        values = cayley_dickson_values(p, d)[:p]
+        u0 = np.random.default_rng(p + d).standard_normal(d)
+        u = half_circle_bisection(values, u0)
+        np.testing.assert_allclose(u, -u0 / np.linalg.norm(u0), atol=1e-12)
+        np.testing.assert_allclose(np.linalg.svd(token_matrix(values, u), compute_uv=False), 1.0, atol=1e-12)
 
 
 @pytest.mark.parametrize("p, d", [(1, 1), (2, 2), (3, 3), (4, 4), (2, 5), (7, 8), (8, 8), (6, 2), (2, 4)])
@@ -444,9 +457,10 @@ def test_nonsingular_values_picks_the_fewest_heads():
     assert [len(nonsingular_values(p, d)) for p, d in [(2, 2), (3, 3), (2, 6), (3, 5), (5, 5), (1, 9), (9, 9)]] \
         == [2, 4, 6, 7, 8, 9, 17]
     np.testing.assert_array_equal(nonsingular_values(2, 2), [np.eye(2), [[0.0, -1.0], [1.0, 0.0]]])
-    assert nonsingular_dimension_bounds(3, 3) == (4, 4) and nonsingular_dimension_bounds(5, 5) == (6, 8)
+    assert nonsingular_dimension_bounds(3, 3) == (4, 4) and nonsingular_dimension_bounds(5, 5) == (8, 8)
     assert nonsingular_dimension_bounds(2, 7) == (8, 8) and nonsingular_dimension_bounds(1, 6) == (6, 6)
-    assert nonsingular_dimension_bounds(6, 6) == (6, 8) and nonsingular_dimension_bounds(7, 7) == (8, 8)
+    assert nonsingular_dimension_bounds(6, 6) == (8, 8) and nonsingular_dimension_bounds(3, 5) == (7, 7)
+    assert nonsingular_dimension_bounds(9, 9) == (16, 17)                       # open beyond 8 in the book
 
 
 def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
@@ -466,39 +480,87 @@ def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
 
 
 def _nu_formula(p, d):
-    # The exact values of cor-map-level-exact, or None where the corollary leaves a gap.
-    big, small = max(p, d), min(p, d)
-    if small == 1 or big in (2, 4, 8) or (small == 2 and big % 2 == 0):
-        return big
-    if (small >= 2 and big in (3, 7)) or (small == 2 and big % 2 == 1):
-        return big + 1
-    return None
+    # The values of cor-map-level-exact, written as the corollary states them (p, d <= 8).
+    a, b = min(p, d), max(p, d)
+    if a == 1 or b in (2, 4, 8) or (a == 2 and b % 2 == 0):
+        return b
+    if (a >= 2 and b in (3, 7)) or (a == 2 and b % 2 == 1):
+        return b + 1
+    return 7 if (a, b) == (3, 5) else 8
 
 
 def test_cor_map_level_exact_values_match_the_bounds():
-    # Where the corollary states ν(p, d), the lower bound (lemma) and the upper bound (a family) meet
-    # at that value; elsewhere (p, d <= 8) they leave a gap.
+    # For every p, d <= 8 the Hopf–Stiefel number (lower bound) and the smallest family (upper bound)
+    # meet at the corollary's value; the lemma's bound is below it exactly at the 7 sizes p <= d the
+    # referee listed (and their transposes).
+    gaps = set()
     for p in range(1, 9):
         for d in range(1, 9):
-            lower, upper = nonsingular_dimension_bounds(p, d)
-            nu = _nu_formula(p, d)
-            assert (lower == upper == nu) if nu is not None else lower < upper, (p, d)
+            assert nonsingular_dimension_bounds(p, d) == (_nu_formula(p, d),) * 2, (p, d)
+            if elementary_nonsingular_bound(p, d) < _nu_formula(p, d):
+                gaps.add((min(p, d), max(p, d)))
+    assert gaps == {(3, 5), (3, 6), (4, 5), (4, 6), (5, 5), (5, 6), (6, 6)}
 
 
-@pytest.mark.parametrize("p, d", [(2, 2), (3, 3), (2, 3), (4, 4), (1, 3), (2, 5)])
+def _radon_hurwitz(m):
+    # ρ(m) = 8a + 2^b for m = 2^(4a + b) · odd, 0 <= b <= 3.
+    v = (m & -m).bit_length() - 1
+    return 8 * (v // 4) + 2 ** (v % 4)
+
+
+def test_cor_map_level_exact_hopf_stiefel_number_against_known_values():
+    # p = m: ℝ^m × ℝ^d → ℝ^m is allowed by the condition iff d <= 2^v (v = 2-adic valuation of m); that
+    # is the Radon–Hurwitz number for m < 16, and above it at m = 16 (ρ(16) = 9): a necessary condition
+    # only. The GF(2) ring route gives the same least m (no binomial coefficients); the number is
+    # symmetric, at least the lemma's bound, at most p + d − 1 (polynomial family).
+    for m in range(1, 17):
+        allowed = max(d for d in range(1, 2 * m + 1) if hopf_stiefel_number(m, d) <= m)
+        assert allowed == 2 ** ((m & -m).bit_length() - 1)
+        assert (allowed == _radon_hurwitz(m)) == (m < 16)
+    for p in range(1, 12):
+        for d in range(1, 12):
+            number = hopf_stiefel_number(p, d)
+            assert number == hopf_stiefel_number(d, p)
+            assert truncated_binomial_vanishes(p, d, number) and not truncated_binomial_vanishes(p, d, number - 1)
+            assert elementary_nonsingular_bound(p, d) <= number <= p + d - 1
+    assert [hopf_stiefel_number(p, d) for p, d in [(3, 5), (5, 5), (9, 9), (3, 3), (2, 5)]] == [7, 8, 16, 4, 6]
+
+
+def test_cor_map_level_exact_search_finds_the_tokens_hopf_stiefel_promises():
+    # One map fewer than ν where the lemma says nothing (H > max(p, d)): the search finds a token with
+    # rank B(u) < p, for random and structured families; on a nonsingular family it cannot (σ_p stays
+    # at ‖u‖ for the octonions, at a positive floor for the polynomial family).
+    rng = np.random.default_rng(11)
+    for p, d in [(3, 5), (5, 5), (3, 6), (4, 6), (6, 6)]:
+        H = hopf_stiefel_number(p, d) - 1
+        for values in [rng.standard_normal((H, p, d)), nonsingular_values(p, d)[:H]]:
+            u = search_singular_token(values, seed=1)
+            s = np.linalg.svd(token_matrix(values, u), compute_uv=False)
+            assert np.linalg.norm(u) == pytest.approx(1.0) and s[p - 1] <= 1e-12 * s[0]
+    for values in [cayley_dickson_values(5, 5), polynomial_values(3, 5)]:
+        u = search_singular_token(values, restarts=5, seed=2)
+        s = np.linalg.svd(token_matrix(values, u), compute_uv=False)
+        assert s[-1] >= 1e-3 * s[0]
+
+
+@pytest.mark.parametrize("p, d", [(2, 2), (3, 3), (2, 3), (4, 4), (1, 3), (2, 5), (3, 5), (5, 5)])
 def test_cor_map_level_exact_one_head_fewer_misses_a_full_ssm(p, d):
     # For an SSM with k = pd: ν heads compute it, and ν − 1 value maps (random, or the first ν − 1 of the
-    # family) miss it at the token of singular_token; the miss is recomputed here by least squares on
-    # the lags L_ℓ u, with B(u)'s range cut to its numerical rank.
+    # family) miss it at the token of singular_token (or of the search, where only Hopf–Stiefel promises
+    # one); the miss is recomputed here by least squares on the lags L_ℓ u, with B(u)'s range cut to
+    # its numerical rank.
     nu = _nu_formula(p, d)
     ssm, n = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + 2 * d), p * d + 2
     assert map_head_bounds(ssm, n)[0] == p * d
     X = np.random.default_rng(0).standard_normal((3, n, d))
     assert relative_error(outputs(TokenDependentHeads(ssm, nonsingular_values(p, d)), X), outputs(ssm, X)) < 1e-12
     rng = np.random.default_rng(p * d)
-    for values in [rng.standard_normal((nu - 1, p, d)), nonsingular_values(p, d)[: nu - 1]]:
-        H = nu - 1
-        u = singular_token(values, rng.standard_normal(d if H <= p else p))
+    H = nu - 1
+    for values in [rng.standard_normal((H, p, d)), nonsingular_values(p, d)[:H]]:
+        if H > max(p, d):
+            u = search_singular_token(values)
+        else:
+            u = singular_token(values, rng.standard_normal(d if H <= p else p))
         K = np.einsum("lpd,d->pl", lags_np(ssm, n), u)
         B = np.einsum("hpd,d->ph", values, u)
         left, sigma, _ = np.linalg.svd(B, full_matrices=False)
