@@ -28,6 +28,7 @@ from experiments.head_count import (
     modal_lag_span_dimension,
     nonsingular_dimension_bounds,
     nonsingular_values,
+    operator_head_errors,
     pointwise_lag_rank,
     polynomial_values,
     sampled_head_errors,
@@ -474,6 +475,36 @@ def test_worst_conditioned_tokens_finds_the_binomial_token_for_polynomials():
     assert condition[0] >= sigma[0] / sigma[-1] * (1 - 1e-12) and condition[0] >= condition[1]
     np.testing.assert_allclose(np.linalg.cond(token_matrix(V, tokens)), condition, rtol=1e-9)
     assert np.allclose(worst_conditioned_tokens(cayley_dickson_values(5, 5), 500, 1)[1], 1.0)
+
+
+# -- thm-head-count: necessity by the operator route -------------------------------------------
+
+
+def test_thm_head_count_necessity_operator_route_matches_a_dense_numpy_operator(degenerate_ssm):
+    # operator_head_errors reads 𝒲 off the forward pass; here 𝒲_ij = C A^(i−j) B (numpy powers) is
+    # stacked into F (n², pd) and Eckart–Young is applied by numpy: the least errors agree, the
+    # rank of F is min_heads, and k − 1 heads leave a positive error.
+    ssm, n = degenerate_ssm
+    lags = lags_np(ssm, n)
+    F = np.zeros((n, n) + lags.shape[1:])
+    for i in range(n):
+        for j in range(i + 1):
+            F[i, j] = lags[i - j]
+    sigma2 = np.linalg.svd(F.reshape(n * n, -1), compute_uv=False) ** 2
+    tails = np.array([sigma2[H:].sum() for H in range(len(sigma2) + 1)])
+    got = operator_head_errors(ssm, n, len(sigma2))
+    np.testing.assert_allclose(got, tails, rtol=1e-9, atol=1e-12 * max(tails[0], 1e-300))
+    k = min_heads(ssm, n)
+    assert rank_np(F.reshape(n * n, -1)) == k
+    if k:
+        assert got[k - 1] > 1e-10 * got[0] and got[k] <= 1e-20 * got[0]
+
+
+def test_thm_head_count_necessity_operator_route_equals_the_closed_form():
+    for seed, (N, d, p, n) in enumerate([(4, 3, 3, 16), (6, 2, 3, 9), (3, 1, 2, 5)]):
+        ssm = LinearSSM.random(N, d, p, spectral_radius=0.8, seed=seed)
+        np.testing.assert_allclose(operator_head_errors(ssm, n, p * d), optimal_head_errors(ssm, n, p * d),
+                                   rtol=1e-8, atol=1e-14 * optimal_head_errors(ssm, n, 0)[0])
 
 
 # -- cor-map-level-exact ------------------------------------------------------------------------
