@@ -24,6 +24,7 @@ from experiments.head_count import (
     lag_energy_count,
     lag_span_bound,
     map_head_bounds,
+    memoryless_softmax_heads,
     minimal_polynomial_degree,
     modal_lag_span_dimension,
     nonsingular_dimension_bounds,
@@ -39,6 +40,7 @@ from experiments.head_count import (
     short_window_bound,
     short_window_threshold,
     singular_token,
+    softmax_heads,
     token_matrix,
     token_miss,
     train_students,
@@ -509,6 +511,59 @@ def test_thm_head_count_necessity_operator_route_equals_the_closed_form():
         ssm = LinearSSM.random(N, d, p, spectral_radius=0.8, seed=seed)
         np.testing.assert_allclose(operator_head_errors(ssm, n, p * d), optimal_head_errors(ssm, n, p * d),
                                    rtol=1e-8, atol=1e-14 * optimal_head_errors(ssm, n, 0)[0])
+
+
+# -- prop-softmax-map-obstruction ----------------------------------------------------------------
+
+
+def _explicit_softmax(scores, values, X):
+    # y_i = Σ_h Σ_{j<=i} softmax_j(s_ij) V_h x_j by loops (the independent side of softmax_heads).
+    H, n = scores.shape[0], X.shape[1]
+    out = np.zeros(X.shape[:2] + (values.shape[1],))
+    for i in range(n):
+        for h in range(H):
+            w = np.exp(scores[h, i, : i + 1] - scores[h, i, : i + 1].max())
+            w /= w.sum()
+            out[:, i] += np.einsum("j,pd,bjd->bp", w, values[h], X[:, : i + 1])
+    return out
+
+
+def test_prop_softmax_map_obstruction_two_heads_compute_any_memoryless_map():
+    # Part 3: the two heads compute y_i = L_0 x_i (softmax_heads and a loop); their weights are a
+    # softmax of finite scores that depend on i and j only; with any real scores, by part 1, a constant
+    # input gives outputs constant in i.
+    rng = np.random.default_rng(0)
+    for p, d, n in [(3, 2, 7), (1, 1, 2), (2, 4, 12)]:
+        L0 = rng.standard_normal((p, d))
+        scores, values = memoryless_softmax_heads(L0, n)
+        assert np.isfinite(np.tril(scores)).all()
+        X = rng.standard_normal((4, n, d))
+        Y = softmax_heads(torch.from_numpy(scores), torch.from_numpy(values), torch.from_numpy(X)).numpy()
+        np.testing.assert_allclose(Y, np.einsum("pd,bnd->bnp", L0, X), atol=1e-13)
+        np.testing.assert_allclose(_explicit_softmax(scores, values, X), Y, atol=1e-13)
+        random_scores = rng.standard_normal((3, n, n)) * 3
+        V = rng.standard_normal((3, p, d))
+        constant = np.tile(rng.standard_normal(d), (2, n, 1))
+        Yc = _explicit_softmax(random_scores, V, constant)
+        np.testing.assert_allclose(Yc, np.broadcast_to(V.sum(0) @ constant[0, 0], Yc.shape), atol=1e-12)
+
+
+def test_prop_softmax_map_obstruction_one_head_misses_by_one_minus_alpha22():
+    # Part 2 on lib's SoftmaxAttention (one head, random projections and position bias): output 1 on (u, 0, …)
+    # is V u, output 2 on (0, u, 0, …) is α_22 V u with α_22 < 1, so no LTI map fits both unless V u = 0.
+    layer = SoftmaxAttention.random(3, 2, heads=1, seed=3)
+    layer = SoftmaxAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O, position_bias=np.array([[0.3, -1.0, 2.0, 0.5]]))
+    V = layer.values().detach().numpy()[0]
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        u = rng.standard_normal(3) * 10.0 ** rng.uniform(-2, 0.5)  # larger tokens saturate α_22 to 1 in floats
+        first, second = np.zeros((1, 4, 3)), np.zeros((1, 4, 3))
+        first[0, 0], second[0, 1] = u, u
+        y1, y2 = outputs(layer, first)[0, 0], outputs(layer, second)[0, 1]
+        alpha22 = layer.weights(torch.from_numpy(second)).detach().numpy()[0, 0, 1, 1]
+        np.testing.assert_allclose(y1, V @ u, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(y2, alpha22 * (V @ u), rtol=1e-12, atol=1e-14)
+        assert alpha22 < 1 and np.linalg.norm(y2 - y1) > 1e-6 * np.linalg.norm(y1)
 
 
 # -- prop-rank-limited-heads --------------------------------------------------------------------
