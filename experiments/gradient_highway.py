@@ -726,3 +726,26 @@ def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str,
                 norm = initial_gradient_norm(recall_model(kind, task, seed=seed), task, samples=samples, seed=seed)
                 results.append(RecallSignal(kind=kind, distance=D, seed=seed, gradient_norm=norm))
     return results
+
+
+# -- the derivation page's further checks ----------------------------------------------------------
+#
+# Functions added for the profiles page's checks of the derivation page (issue 20): the early steps
+# of an LTI profile, a continuous search of the frozen gate, attention with a position bias,
+# position-wise maps between LTI layers, closing single channels of a selective SSM, and tanh RNNs
+# under switching saturation.
+
+
+def early_steps(norms: Any, rate: float) -> dict[str, float]:
+    """The first m = ⌈1/(1 − ρ)⌉ steps of a profile norms[D] = ‖J_D‖ (D = 0..m at least), ρ = rate < 1.
+
+    What the decay fits of `decay_report` skip: "rising steps", the D in 1..m with
+    norms[D] > norms[D − 1]; "mean log-slope", ln(norms[m] / norms[0]) / m (ln ρ when the profile is
+    one exact exponential); "largest ‖J_D‖/‖J_0‖" over D <= m.
+    """
+    y = _array(norms)
+    m = math.ceil(1 / (1 - rate) - 1e-9)
+    head = y[: m + 1]
+    return {"radius": float(rate), "ln rho": math.log(rate), "first steps m": m,
+            "rising steps": int((np.diff(head) > 0).sum()), "mean log-slope": float(math.log(head[m] / head[0]) / m),
+            "largest ‖J_D‖/‖J_0‖": float(head.max() / head[0])}

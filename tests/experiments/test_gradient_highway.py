@@ -1197,3 +1197,22 @@ def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task(
     # the blank task: the class token is the only input, so an SSM's signal falls with D
     ssm = {s.distance: s.gradient_norm for s in signals if s.kind == "ssm" and s.seed == 0}
     assert ssm[4] < ssm[1]
+
+
+# -- the derivation page's further checks ----------------------------------------------------------
+
+
+def test_early_steps_of_an_exact_exponential_and_of_a_jordan_block():
+    # A normal one-mode profile ρ^D: no rising step, mean log-slope ln ρ, largest ratio 1.
+    row = gh.early_steps(0.9 ** np.arange(40), 0.9)
+    assert row["first steps m"] == 10 and row["rising steps"] == 0
+    assert row["mean log-slope"] == pytest.approx(math.log(0.9), rel=1e-12)
+    assert row["largest ‖J_D‖/‖J_0‖"] == 1.0
+    # A Jordan block (ρ = 0.9, size 4, B = C = I) rises over its first 10 steps: counted by hand.
+    jordan = LinearSSM(0.9 * np.eye(4) + np.eye(4, k=1), np.eye(4), np.eye(4))
+    norms = lag_norms(jordan, 11)
+    row = gh.early_steps(norms, 0.9)
+    assert row["rising steps"] == sum(norms[D] > norms[D - 1] for D in range(1, 11)) == 10
+    assert row["mean log-slope"] == pytest.approx(math.log(norms[10] / norms[0]) / 10, rel=1e-12)
+    assert row["largest ‖J_D‖/‖J_0‖"] == pytest.approx(norms.max() / norms[0], rel=1e-12)
+    assert gh.early_steps(0.999 ** np.arange(1001), 0.999)["first steps m"] == 1000
