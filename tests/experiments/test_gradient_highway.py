@@ -16,7 +16,7 @@ from scipy.stats import t as student_t
 
 import experiments.gradient_highway as gh
 from experiments.gradient_highway import (
-    RecallResult, RecallTask, decay_report, fit_decay_rate, frozen_gate_response, frozen_gate_search,
+    RecallResult, RecallTask, decay_report, fit_decay_rate, frozen_gate_optimum, frozen_gate_response,
     gate_closing_check, gate_closing_input, gate_closing_profile, gradient_reach, hybrid_stack, initial_gradient_norm,
     key_price, lag_norms, lti_stack, planted_key_input, planted_key_profile, random_profiles, recall_model,
     recall_sweep, rnn_jacobian, saturating_input, saturation_subset, scalar_stack, selective_jacobian, signal_sweep,
@@ -692,21 +692,33 @@ def test_prop_frozen_gate_response_from_the_lags_is_the_closed_form(delta, a, D)
     assert frozen_gate_response(delta, a, D, B=1.3, C=-0.4) == pytest.approx(expected, rel=1e-12, abs=0)
 
 
-@pytest.mark.parametrize("D", [5, 50, 500])
+@pytest.mark.parametrize("D", [1, 5, 50, 500])
 def test_prop_frozen_gate_best_response_with_a_rate_floor_is_one_over_e_a_min_D(D):
-    # (1): over Δ > 0 and a >= a_min the sup of |CBΔ e^{−ΔaD}| is |CB|/(e a_min D), at a = a_min, Δ = 1/(a_min D).
+    # (1), D >= 1: over Δ > 0 and a >= a_min the sup of |CBΔ e^{−ΔaD}| is |CB|/(e a_min D), at a = a_min,
+    # Δ = 1/(a_min D). The optimiser uses no grid; it must neither beat the bound nor miss it.
     a_min, B, C = 0.7, 1.3, -0.4
     best = abs(B * C) / (np.e * a_min * D)
     assert frozen_gate_response(1 / (a_min * D), a_min, D, B=B, C=C) == pytest.approx(best, rel=1e-12)
-    steps, rates = np.geomspace(1e-6, 10.0, 301), a_min * np.array([1.0, 7.0, 50.0])
-    response, step, rate = frozen_gate_search(D, steps, rates, B=B, C=C)
-    grid = [closed_form_response(s, a, D, B, C) for s in steps for a in rates]
-    assert response == pytest.approx(max(grid), rel=1e-12)
-    assert (step, rate) == (steps[np.argmax(grid) // 3], rates[np.argmax(grid) % 3])
+    response, step, rate = frozen_gate_optimum(D, a_min, B=B, C=C, seed=D)
     assert response <= best * (1 + 1e-12)
-    assert response == pytest.approx(best, rel=1e-3)
-    exact = frozen_gate_search(D, [0.5 / (a_min * D), 1 / (a_min * D), 2 / (a_min * D)], [a_min, 2 * a_min], B=B, C=C)
-    assert exact[0] == pytest.approx(best, rel=1e-12) and exact[2] == a_min
+    assert response == pytest.approx(best, rel=1e-12)
+    assert step * a_min * D == pytest.approx(1.0, abs=1e-6) and rate == pytest.approx(a_min, rel=1e-9)
+    # Away from the maximiser the response is strictly smaller: a grid that avoids it stays below.
+    steps = np.geomspace(1e-6, 10.0, 50) * math.sqrt(1.1)  # 1/(a_min D) not on the grid
+    assert max(closed_form_response(s, a, D, B, C) for s in steps for a in (a_min, 2 * a_min)) < best
+
+
+def test_prop_frozen_gate_needs_D_at_least_one():
+    # At D = 0 the response is |CB|Δ: it grows without bound in Δ, so part 1 has no supremum there.
+    for delta in (1.0, 10.0, 1e3):
+        assert frozen_gate_response(delta, 0.7, 0, B=1.3, C=-0.4) == pytest.approx(0.52 * delta, rel=1e-12)
+
+
+def test_frozen_gate_optimum_fails_on_a_wrong_objective(monkeypatch):
+    # Break the lags by a factor 1.001: the optimiser's re-read response then exceeds the bound.
+    original = gh.frozen_gate_response
+    monkeypatch.setattr(gh, "frozen_gate_response", lambda *a, **k: 1.001 * original(*a, **k))
+    assert gh.frozen_gate_optimum(10, 0.7)[0] > 1 / (np.e * 0.7 * 10) * (1 + 1e-4)
 
 
 @pytest.mark.parametrize("delta", [0.01, 0.1, 1.0])
@@ -1215,4 +1227,4 @@ def test_early_steps_of_an_exact_exponential_and_of_a_jordan_block():
     assert row["rising steps"] == sum(norms[D] > norms[D - 1] for D in range(1, 11)) == 10
     assert row["mean log-slope"] == pytest.approx(math.log(norms[10] / norms[0]) / 10, rel=1e-12)
     assert row["largest ‖J_D‖/‖J_0‖"] == pytest.approx(norms.max() / norms[0], rel=1e-12)
-    assert gh.early_steps(0.999 ** np.arange(1001), 0.999)["first steps m"] == 1000
+    assert gh.early_steps(0.999 ** np.arange(1002), 0.999 + 2e-15)["first steps m"] == 1000
