@@ -757,3 +757,50 @@ def frozen_gate_optimum(D: int, a_min: float, *, starts: int = 8, seed: int = 0,
             best = result
     step, rate = math.exp(best.x[0]), a_min + best.x[1] ** 2
     return frozen_gate_response(step, rate, D, B=B, C=C), step, rate
+
+
+def with_position_bias(attention: SoftmaxAttention, bias: Any) -> SoftmaxAttention:
+    """A copy of a causal one-or-more-head `attention` with position scores b (n_max,) for every head
+    or (H, n_max): b[ℓ] is added to the score at lag ℓ = i − j ({prf:ref}`cor-attention-price` 2).
+
+    ALiBi (Press et al. 2022) is b[ℓ] = −c ℓ, e.g. `with_position_bias(layer, -c * np.arange(n))`.
+    """
+    b = np.broadcast_to(_array(bias), (attention.H, np.shape(bias)[-1]))
+    return SoftmaxAttention(attention.W_Q.detach(), attention.W_K.detach(), attention.W_V.detach(),
+                            attention.W_O.detach(), position_bias=b.copy(), dtype=attention.dtype)
+
+
+def score_bound(attention: SoftmaxAttention, R: float, *, head: int = 0) -> float:
+    """S = ‖W_Kᵀ W_Q‖₂ R² / √d_k of one head: |content score| <= S on tokens of norm <= R
+    ({prf:ref}`cor-attention-price`)."""
+    W_Q, W_K = _array(attention.W_Q[head]), _array(attention.W_K[head])
+    return float(np.linalg.norm(W_K.T @ W_Q, 2) * R ** 2 / math.sqrt(attention.d_k))
+
+
+def weight_bound(S: float, bias: Any, i: int, j: int) -> float:
+    """ᾱ_ij = 1 / (1 + e^{−2S} Σ_{t <= i, t != j} e^{b[i−t] − b[i−j]}), j < i: the bound on one causal head's
+    weight α_ij over every input with content scores in [−S, S] ({prf:ref}`cor-attention-price`).
+
+    bias: b[ℓ] for lags ℓ = 0..i (zeros: no bias, ᾱ = 1/(1 + i e^{−2S})).
+    """
+    b = _array(bias)[: i + 1]
+    others = np.delete(b, i - j)  # b[i − t] over t != j
+    return float(1.0 / (1.0 + np.exp(np.logaddexp.reduce(others - b[i - j]) - 2 * S)))
+
+
+def standard_score_bounds(d: int, *, head_width: int = 64, seed: Any = 0) -> np.ndarray:
+    """‖Z_Kᵀ Z_Q‖₂ d / √d_k for each of the d // head_width heads (d >= head_width), Z_Q, Z_K (d_k, d) iid
+    N(0, 1), d_k = head_width.
+
+    Times σ² it is a head's S of {prf:ref}`cor-attention-price` for projections with iid N(0, σ²) entries
+    (σ² = 1/d: `SoftmaxAttention.random`; σ = 0.02: GPT-2's) on tokens of norm R = √d (LayerNorm without
+    its affine part). The norm comes from the Cholesky factors L of the Gram matrices Z Zᵀ:
+    Z_Kᵀ Z_Q = Q_K (L_Kᵀ L_Q) Q_Qᵀ with orthonormal Q, so ‖Z_Kᵀ Z_Q‖₂ = ‖L_Kᵀ L_Q‖₂ (d_k × d_k).
+    """
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(d // head_width):
+        Z_Q, Z_K = rng.standard_normal((2, head_width, d))
+        L_Q, L_K = np.linalg.cholesky(Z_Q @ Z_Q.T), np.linalg.cholesky(Z_K @ Z_K.T)
+        values.append(np.linalg.norm(L_K.T @ L_Q, 2) * d / math.sqrt(head_width))
+    return np.array(values)

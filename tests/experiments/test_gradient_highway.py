@@ -1228,3 +1228,59 @@ def test_early_steps_of_an_exact_exponential_and_of_a_jordan_block():
     assert row["mean log-slope"] == pytest.approx(math.log(norms[10] / norms[0]) / 10, rel=1e-12)
     assert row["largest ‖J_D‖/‖J_0‖"] == pytest.approx(norms.max() / norms[0], rel=1e-12)
     assert gh.early_steps(0.999 ** np.arange(1002), 0.999 + 2e-15)["first steps m"] == 1000
+
+
+def test_cor_attention_price_with_a_position_bias_is_attained_by_the_one_dimensional_example():
+    # With any bias b the 1-d example attains ᾱ_ij = 1/(1 + e^{−2} Σ_{t≠j} e^{b[i−t] − b[i−j]}) and J = ᾱ(1 + 2(1 − ᾱ)).
+    rng = np.random.default_rng(3)
+    for bias in (-0.1 * np.arange(60), rng.normal(size=60), np.zeros(60)):
+        model = gh.with_position_bias(SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]]), bias)
+        for n in (2, 7, 60):
+            i = n - 1
+            for j in {0, i // 2, i - 1}:
+                X = np.ones((n, 1))
+                X[j] = -1.0
+                others = [t for t in range(i + 1) if t != j]
+                alpha = 1 / (1 + math.exp(-2.0) * sum(math.exp(bias[i - t] - bias[i - j]) for t in others))
+                assert gh.weight_bound(1.0, bias, i, j) == pytest.approx(alpha, rel=1e-12)
+                assert weights(model, X)[0, i, j] == pytest.approx(alpha, rel=1e-12)
+                assert jacobian_blocks(model, X, i)[j, 0, 0] == pytest.approx(alpha * (1 + 2 * (1 - alpha)), rel=1e-12)
+    assert gh.weight_bound(0.7, np.zeros(11), 10, 3) == pytest.approx(1 / (1 + 10 * math.exp(-1.4)), rel=1e-12)
+
+
+def test_cor_attention_price_alibi_attenuates_every_bounded_input_exponentially():
+    # Part 2: with b[ℓ] = −cℓ, ‖J_{i,i−D}‖₂ <= (1 + 2S) e^{2S − cD} ‖V‖₂ on random and planted inputs of norm R.
+    base = SoftmaxAttention.random(4, 4, seed=0)
+    n, c, R = 160, 0.1, 1.5
+    model = gh.with_position_bias(base, -c * np.arange(n))
+    assert np.array_equal(arr(model.position_bias), np.tile(-c * np.arange(n), (1, 1)))
+    S, V = gh.score_bound(base, R), np.linalg.norm(arr(base.values()[0]), 2)
+    assert S == pytest.approx(np.linalg.norm(arr(base.W_K[0]).T @ arr(base.W_Q[0]), 2) * R ** 2 / math.sqrt(base.d_k))
+    D = np.arange(n - 1, 0, -1)
+    largest = np.zeros(n - 1)
+    for k in range(6):
+        X = (planted_key_input(model, n, n - 1, n - 1 - [1, 20, 80][k % 3], strength=50.0, seed=k) if k % 2
+             else np.random.default_rng(k).standard_normal((n, 4)))
+        X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+        norms = np.linalg.norm(jacobian_blocks(model, X, n - 1)[: n - 1], 2, axis=(1, 2))
+        assert np.all(norms <= (1 + 2 * S) * np.exp(2 * S - c * D) * V)
+        largest = np.maximum(largest, norms)
+    # Without the bias the same inputs are not attenuated like e^{−cD}: the bias is what decays.
+    assert largest[0] < 1e-3 * largest[-1]
+    X = planted_key_input(base, n, n - 1, 0, strength=50.0)
+    X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+    plain = np.linalg.norm(jacobian_blocks(base, X, n - 1)[0], 2)
+    assert plain > 1e3 * (1 + 2 * S) * math.exp(2 * S - c * (n - 1)) * V
+
+
+def test_standard_score_bounds_are_the_norms_of_the_head_products():
+    # ‖Z_Kᵀ Z_Q‖₂ d/√d_k from the Cholesky factors, against the product formed directly.
+    d, width = 96, 32
+    values = gh.standard_score_bounds(d, head_width=width, seed=5)
+    rng = np.random.default_rng(5)
+    direct = []
+    for _ in range(d // width):
+        Z_Q, Z_K = rng.standard_normal((2, width, d))
+        direct.append(np.linalg.norm(Z_K.T @ Z_Q, 2) * d / math.sqrt(width))
+    np.testing.assert_allclose(values, direct, rtol=1e-10)
+    assert len(gh.standard_score_bounds(64)) == 1
