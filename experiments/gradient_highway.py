@@ -804,3 +804,55 @@ def standard_score_bounds(d: int, *, head_width: int = 64, seed: Any = 0) -> np.
         L_Q, L_K = np.linalg.cholesky(Z_Q @ Z_Q.T), np.linalg.cholesky(Z_K @ Z_K.T)
         values.append(np.linalg.norm(L_K.T @ L_Q, 2) * d / math.sqrt(head_width))
     return np.array(values)
+
+
+from lib import SequenceMap, batched  # noqa: E402 (kept with the functions below that need them)
+
+_SLOPE_BOUNDS = {"identity": 1.0, "tanh": 1.0, "silu": 1.1}  # sup |φ'|; SiLU's is 1.0998…
+
+
+class PositionWise(SequenceMap):
+    """y_t = gain ⊙ φ(x_t), φ elementwise in {"identity", "tanh", "silu"}, gain (d,): a position-wise map
+    for {prf:ref}`prop-stack-decay` 3, with ‖Dφ(z)‖₂ <= `lipschitz` = max|gain| · sup|φ'| at every z."""
+
+    def __init__(self, gain: Any, kind: str = "tanh", *, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        dims = self.set_parameters(dtype, gain=(np.atleast_1d(_array(gain)), "d"))
+        self.d = self.p = dims["d"]
+        self.kind = kind
+        self.lipschitz = float(np.abs(_array(self.gain)).max()) * _SLOPE_BOUNDS[kind]
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        act = {"identity": lambda z: z, "tanh": torch.tanh, "silu": F.silu}[self.kind]
+        return self.gain * act(X)
+
+
+def mapped_stack(layers: list, maps: list, *, residual: bool = False, before: bool = False) -> Stack:
+    """The stack of {prf:ref}`prop-stack-decay` 3: layer (branch, if residual) q is maps[q] ∘ layers[q]
+    (layers[q] ∘ maps[q] if before)."""
+    pairs = [[m, f] if before else [f, m] for f, m in zip(layers, maps)]
+    return Stack([Stack(pair) for pair in pairs], residual=residual)
+
+
+def mapped_stack_bound(layers: list, lipschitz: Any, n: int, rate: float, *, residual: bool = False) -> np.ndarray:
+    """The bound of {prf:ref}`prop-stack-decay` 3 on ‖J_{i,i−D}‖_F, D = 0..n−1: `stack_decay_bound` with κ_q
+    replaced by λ_q κ_q (λ_q = lipschitz[q]), computed on the LinearSSM layers with C scaled by λ_q."""
+    scaled = [LinearSSM(f.A.detach(), f.B.detach(), lam * f.C.detach()) for f, lam in zip(layers, lipschitz)]
+    return stack_decay_bound(Stack(scaled, residual=residual), n, rate)
+
+
+class GatedLTI(SequenceMap):
+    """y_t = (ssm(X))_t ⊙ (W_g x_t), p = d: an LTI branch times a linear gate (GLU-style; Mamba's z gate
+    without its SiLU). For j < i, J_ij = diag(W_g x_i) L_{i−j}: it grows with x_i, so no bound of the
+    form K γ^{i−j} holds for every input ({prf:ref}`prop-stack-decay`, the remark after it)."""
+
+    def __init__(self, ssm: LinearSSM, W_g: Any) -> None:
+        super().__init__()
+        self.ssm = ssm
+        dims = self.set_parameters(ssm.dtype, {"d": ssm.d}, W_g=(W_g, "d d"))
+        self.d = self.p = dims["d"]
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.ssm(X) * (X @ self.W_g.T)

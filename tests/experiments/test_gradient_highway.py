@@ -1284,3 +1284,53 @@ def test_standard_score_bounds_are_the_norms_of_the_head_products():
         direct.append(np.linalg.norm(Z_K.T @ Z_Q, 2) * d / math.sqrt(width))
     np.testing.assert_allclose(values, direct, rtol=1e-10)
     assert len(gh.standard_score_bounds(64)) == 1
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("before", [False, True])
+def test_prop_stack_decay_part_3_position_wise_maps_multiply_the_constants(residual, before):
+    # Bounded-derivative maps between S4D layers: the Jacobian stays under the bound with λ_q κ_q, on
+    # small and saturating inputs; linear maps λ_q z on scalar layers attain it.
+    layers = [ssm_layer("s4d-lin", 6, 3, 0.9, seed=q) for q in range(3)]
+    maps = [gh.PositionWise(g * np.ones(3), k) for g, k in ((1.0, "tanh"), (0.7, "silu"), (1.5, "tanh"))]
+    assert [m.lipschitz for m in maps] == pytest.approx([1.0, 0.77, 1.5])
+    stack = gh.mapped_stack(layers, maps, residual=residual, before=before)
+    bound = gh.mapped_stack_bound(layers, [m.lipschitz for m in maps], 60, 0.9, residual=residual)
+    X = np.random.default_rng(1).standard_normal((60, 3))
+    for scale in (0.1, 1.0, 50.0):
+        assert np.all(jacobian_norms(stack, scale * X, 59)[::-1] <= bound * (1 + 1e-10))
+    scalars = list(scalar_stack([1.0, 0.5, 2.0], 0.9).layers)
+    linear = [gh.PositionWise([g], "identity") for g in (2.0, 0.5, 3.0)]
+    stack = gh.mapped_stack(scalars, linear, residual=residual, before=before)
+    bound = gh.mapped_stack_bound(scalars, [2.0, 0.5, 3.0], 40, 0.9, residual=residual)
+    profile = jacobian_norms(stack, np.random.default_rng(2).standard_normal((40, 1)), 39)[::-1]
+    np.testing.assert_allclose(profile, bound, rtol=1e-10)
+    # Without the factors λ_q the bound is exceeded (the λ_q are needed).
+    plain = gh.mapped_stack_bound(scalars, [1.0, 1.0, 1.0], 40, 0.9, residual=residual)
+    assert profile.max() / plain[np.argmax(profile)] > 2
+
+
+def test_position_wise_lipschitz_bounds_the_derivative():
+    z = torch.linspace(-20, 20, 200001, dtype=torch.float64)
+    silu_slope = torch.autograd.functional.jacobian(lambda u: F.silu(u).sum(), z)
+    assert 1.09 < float(silu_slope.abs().max()) <= gh._SLOPE_BOUNDS["silu"]
+    m = gh.PositionWise([0.5, -2.0], "tanh")
+    assert m.lipschitz == 2.0
+    X = torch.tensor([[0.3, -0.1]], dtype=torch.float64)
+    assert torch.allclose(m(X), torch.tensor([0.5, -2.0], dtype=torch.float64) * torch.tanh(X))
+
+
+def test_prop_stack_decay_a_multiplicative_gate_has_no_input_independent_bound():
+    # y_i = u_i ⊙ (W_g x_i), u = L * x: J_ij = diag(W_g x_i) L_{i−j} (j < i), checked by the full Jacobian;
+    # scaling the last token scales the gradient at every distance.
+    ssm = LinearSSM.random(5, 2, 2, spectral_radius=0.8, seed=3)
+    W_g = np.random.default_rng(3).standard_normal((2, 2))
+    model = gh.GatedLTI(ssm, W_g)
+    X = np.random.default_rng(4).standard_normal((12, 2))
+    J = full_jacobian(model, X)
+    lags = arr(ssm.lags(12))
+    for j in range(11):
+        np.testing.assert_allclose(J[11, :, j, :], np.diag(W_g @ X[11]) @ lags[11 - j], rtol=1e-10, atol=1e-14)
+    big = X.copy()
+    big[11] *= 1e3
+    assert np.allclose(jacobian_norms(model, big, 11)[:11], 1e3 * jacobian_norms(model, X, 11)[:11], rtol=1e-10)
