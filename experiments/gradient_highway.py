@@ -856,3 +856,71 @@ class GatedLTI(SequenceMap):
     @batched
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         return self.ssm(X) * (X @ self.W_g.T)
+
+
+def with_low_rank_step(model: SelectiveSSM, rank: int, *, seed: Any = 0) -> SelectiveSSM:
+    """A copy of `model` whose step projection is W_Δ = W_up W_down of rank `rank`, as in Mamba
+    (dt_proj ∘ x_proj, rank ⌈d_model/16⌉): W_down (rank, d) uniform in ±1/√d, W_up (d, rank)
+    uniform in ±1/√rank (nn.Linear's and Mamba's dt_proj ranges), from a numpy Generator(seed)."""
+    rng = np.random.default_rng(seed)
+    down = rng.uniform(-1, 1, (rank, model.d)) / math.sqrt(model.d)
+    up = rng.uniform(-1, 1, (model.d, rank)) / math.sqrt(rank)
+    return SelectiveSSM(model.A_log, up @ down, model.dt_bias, model.W_B, model.W_C, dtype=model.dtype)
+
+
+def channel_closing_input(model: SelectiveSSM | SSD, n: int, j: int, direction: Any, *, closing: float = 40.0,
+                          seed: Any = 0) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(X, Q): token j then the tokens u = s v (v = direction) that close the channels (heads, for SSD)
+    Q = {q : W_Δ[q, :] v < 0} ({prf:ref}`cor-gate-closing`).
+
+    x_t = 0 for t < j, x_j a seeded N(0, I) token, x_t = u for t > j with the smallest s >= 0 that
+    puts every q in Q at pre-activation W_Δ[q, :] u + b_Δ[q] <= −closing; the other channels' gates
+    are whatever u makes them. Q may be empty (then u = 0).
+    """
+    W, b = _gate(model)
+    v = _array(direction)
+    slope = W @ v
+    closed = tuple(int(q) for q in np.flatnonzero(slope < 0))
+    s = max([0.0] + [(closing + b[q]) / -slope[q] for q in closed])
+    X = np.zeros((n, model.d))
+    X[j] = np.random.default_rng(seed).standard_normal(model.d)
+    X[j + 1:] = s * v
+    return X, closed
+
+
+@dataclass(frozen=True)
+class ChannelClosing:
+    """{prf:ref}`cor-gate-closing` per channel on `channel_closing_input`, at distances D (`channel_closing_check`).
+
+    closed: the closed channels Q; ratio: the largest ‖J_ij[q, :] − J⁰_q‖ over its bound
+    a_max,q D e^{−μ} Σ_k ‖T_{q,k}‖ for q in Q (<= 1 where the corollary holds); spread: the largest
+    relative change of J⁰_q with D (0 predicted); norms: ‖J_{i,i−D}[q, :]‖ per channel, (len(D), d).
+    """
+
+    closed: tuple[int, ...]
+    ratio: float
+    spread: float
+    norms: np.ndarray
+
+
+def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances: Any, *, closing: float = 40.0,
+                          seed: int = 0) -> ChannelClosing:
+    """Row by row, the autograd Jacobian of a SelectiveSSM on `channel_closing_input` against the
+    closed form of `selective_jacobian` with every accumulated step set to 0 (J⁰_q, from D = first),
+    within the bound of {prf:ref}`cor-gate-closing` (1e-12 ‖J⁰_q‖ of slack for rounding). Every D >= 1."""
+    last, N = n - 1, model.N
+    J0, ratio, spread, norms, closed = {}, 0.0, 0.0, [], ()
+    for D in distances:
+        X, closed = channel_closing_input(model, n, last - D, direction, closing=closing, seed=seed)
+        path = selective_jacobian(model, X, last, last - D)
+        J = jacobian_blocks(model, X, last)[last - D]
+        norms.append(np.linalg.norm(J, axis=1))
+        for q in closed:
+            modes = path.modes[q * N:(q + 1) * N, q]           # T_{q,k}, row q only, (N, d)
+            undecayed = modes.sum(0)
+            J0.setdefault(q, undecayed)
+            allowed = path.rates[q * N:(q + 1) * N].max() * D * math.exp(-closing) * np.linalg.norm(modes, axis=1).sum()
+            gap = np.linalg.norm(J[q] - J0[q])
+            ratio = max(ratio, float(gap / (allowed + 1e-12 * np.linalg.norm(J0[q]))))
+            spread = max(spread, float(np.linalg.norm(undecayed - J0[q]) / np.linalg.norm(J0[q])))
+    return ChannelClosing(closed=closed, ratio=ratio, spread=spread, norms=np.array(norms))

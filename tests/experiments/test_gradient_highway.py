@@ -1334,3 +1334,50 @@ def test_prop_stack_decay_a_multiplicative_gate_has_no_input_independent_bound()
     big = X.copy()
     big[11] *= 1e3
     assert np.allclose(jacobian_norms(model, big, 11)[:11], 1e3 * jacobian_norms(model, X, 11)[:11], rtol=1e-10)
+
+
+def test_cor_gate_closing_per_channel_with_a_rank_one_step_as_in_mamba():
+    # A rank-1 W_Δ = a cᵀ (Mamba's rank ⌈d_model/16⌉ = 1): no token sets every gate, but v = −c closes
+    # exactly the channels with a_q > 0; their rows stay within the bound, the others decay.
+    base = SelectiveSSM.random(6, N=4, seed=2)
+    model = gh.with_low_rank_step(base, 1, seed=2)
+    W = arr(model.W_delta)
+    assert np.linalg.matrix_rank(W) == 1
+    with pytest.raises(ValueError, match="full row rank"):
+        gate_closing_input(model, 40, 10)
+    v = -np.linalg.svd(W)[2][0]
+    X, closed = gh.channel_closing_input(model, 200, 100, v, closing=10.0)
+    assert closed == tuple(np.flatnonzero(W @ v < 0)) and 0 < len(closed) < 6
+    pre = X[101] @ W.T + arr(model.dt_bias)
+    assert np.all(pre[list(closed)] <= -10.0 + 1e-9) and pre[list(closed)].max() == pytest.approx(-10.0)
+    assert np.all(X[:100] == 0)
+    result = gh.channel_closing_check(model, 200, v, [1, 10, 100, 199], closing=10.0)
+    assert result.closed == closed and result.ratio <= 1 and result.spread < 1e-12
+    kept = result.norms[-1, list(closed)] / result.norms[0, list(closed)]
+    assert np.all(kept > 0.9)
+    opened = [q for q in range(6) if q not in closed]
+    assert np.all(result.norms[-1, opened] < 1e-6 * result.norms[0, closed].max())
+
+
+def test_cor_gate_closing_single_channel_along_its_own_row():
+    # Channel q closes along v = −W_Δ[q, :]ᵀ whatever the other rows are.
+    model = gh.with_low_rank_step(SelectiveSSM.random(5, N=3, seed=4), 2, seed=4)
+    W = arr(model.W_delta)
+    for q in range(5):
+        X, closed = gh.channel_closing_input(model, 30, 5, -W[q], closing=12.0)
+        assert q in closed
+        result = gh.channel_closing_check(model, 30, -W[q], [1, 7, 24], closing=12.0)
+        assert result.ratio <= 1 and result.spread < 1e-12
+
+
+def test_cor_gate_closing_per_channel_check_fails_on_a_wrong_closed_form(monkeypatch):
+    model = gh.with_low_rank_step(SelectiveSSM.random(4, N=3, seed=1), 1, seed=1)
+    v = -np.linalg.svd(arr(model.W_delta))[2][0]
+    original = gh.selective_jacobian
+
+    def off(*args, **kwargs):  # the modes 0.1 % too large
+        path = original(*args, **kwargs)
+        return gh.SelectivePath(path.block, 1.001 * path.modes, path.rates, path.steps)
+
+    monkeypatch.setattr(gh, "selective_jacobian", off)
+    assert gh.channel_closing_check(model, 40, v, [1, 20], closing=10.0).ratio > 1
