@@ -924,3 +924,108 @@ def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances
             ratio = max(ratio, float(gap / (allowed + 1e-12 * np.linalg.norm(J0[q]))))
             spread = max(spread, float(np.linalg.norm(undecayed - J0[q]) / np.linalg.norm(J0[q])))
     return ChannelClosing(closed=closed, ratio=ratio, spread=spread, norms=np.array(norms))
+
+
+# -- tanh RNNs: switching saturation and the joint spectral radius of the slope products ----------
+
+
+def _slope_set(W: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    # The nonempty S ⊆ [N] and the matrices P_S W, (2^N − 1, N, N) (S = ∅ gives 0 and never maximises).
+    N = W.shape[0]
+    subsets = [S for size in range(1, N + 1) for S in itertools.combinations(range(N), size)]
+    mats = np.zeros((len(subsets), N, N))
+    for k, S in enumerate(subsets):
+        mats[k][list(S)] = W[list(S)]
+    return subsets, mats
+
+
+@dataclass(frozen=True)
+class SlopeProducts:
+    """The products M_1 ⋯ M_D of M_t ∈ 𝒫 = {P_S W : S ⊆ [N]} ({prf:ref}`prop-rnn-gradient`), D = 0..length.
+
+    norms[D] = π_D = max ‖M_1 ⋯ M_D‖₂ (π_0 = 1), worst[D] its sets (S_1, …, S_D), the leftmost
+    first; lower = max over D of the largest ρ(M_1 ⋯ M_D)^{1/D} (<= the joint spectral radius ρ̂ of 𝒫),
+    upper = min over D of π_D^{1/D} (>= ρ̂); cycle, the sets of the product attaining `lower`.
+    """
+
+    norms: np.ndarray
+    worst: list
+    lower: float
+    upper: float
+    cycle: tuple
+
+    def bound(self, D: int) -> float:
+        """π̄_D >= π_D for any D >= 0, by submultiplicativity: π_m^{⌊D/m⌋} π_{D mod m}, m = length."""
+        m = len(self.norms) - 1
+        return float(self.norms[m] ** (D // m) * self.norms[D % m])
+
+
+def slope_products(rnn: Any, length: int) -> SlopeProducts:
+    """`SlopeProducts` of an ElmanRNN's W by enumerating all (2^N − 1)^D products for D <= length.
+
+    Exact and exponential: keep (2^N − 1)^length small (N = 2, length 12: 5·10^5 products).
+    """
+    subsets, mats = _slope_set(_array(rnn.W))
+    norms, worst, lower, cycle = [1.0], [()], 0.0, ()
+    products, index = np.eye(rnn.N)[None], np.zeros((1, 0), dtype=int)
+    for D in range(1, length + 1):
+        products = np.einsum("kab,pbc->kpac", mats, products).reshape(-1, rnn.N, rnn.N)
+        index = np.concatenate([np.repeat(np.arange(len(subsets)), len(index))[:, None],
+                                np.tile(index, (len(subsets), 1))], axis=1)
+        spectral = np.linalg.norm(products, 2, axis=(1, 2))
+        best = int(spectral.argmax())
+        norms.append(float(spectral[best]))
+        worst.append(tuple(subsets[k] for k in index[best]))
+        radii = np.abs(np.linalg.eigvals(products)).max(axis=1) ** (1 / D)
+        if radii.max() > lower * (1 + 1e-12):
+            lower, cycle = float(radii.max()), tuple(subsets[k] for k in index[int(radii.argmax())])
+    upper = min(norms[D] ** (1 / D) for D in range(1, length + 1))
+    return SlopeProducts(norms=np.array(norms), worst=worst, lower=lower, upper=upper, cycle=cycle)
+
+
+def switching_saturation_input(rnn: Any, sets: Any, *, saturation: float = 20.0) -> np.ndarray:
+    """An input (n, d), n = len(sets), with pre-activation z_t = 0 on sets[t] and `saturation` off it.
+
+    {prf:ref}`prop-rnn-gradient` 2: x_0 = U⁺z*_0, x_t = U⁺(z*_t − W tanh z*_{t−1}), so Φ_t =
+    P_{S_t} + sech²(saturation) P_{S_t^c} at every t. ValueError unless U (N, d) has full row rank.
+    """
+    W, U = _array(rnn.W), _array(rnn.U)
+    targets = np.full((len(sets), rnn.N), saturation)
+    for t, S in enumerate(sets):
+        targets[t, list(S)] = 0.0
+    problem = f"rnn.U (shape {U.shape}) must have full row rank N = {rnn.N}"
+    previous = np.vstack([np.zeros(rnn.N), np.tanh(targets[:-1])])
+    return np.stack([_solve(U, z - W @ s, problem) for z, s in zip(targets, previous)])
+
+
+def alternating_saturation_input(rnn: Any, n: int, cycle: Any = None, *, saturation: float = 20.0,
+                                 length: int = 4) -> np.ndarray:
+    """The switching-saturation input (n, d) that repeats `cycle` backwards from the last position:
+    S_{n−1−m} = cycle[m mod k] (k = len(cycle)), so the Jacobian of the last output at distance D
+    tends to C (P_{cycle[0]} W)(P_{cycle[1]} W) ⋯ P_{cycle[D mod k]} U as saturation grows.
+
+    cycle: default `slope_products(rnn, length).cycle`, the product of period <= length with the
+    largest ρ^{1/k}: the RNN's Jacobian grows on this input iff that rate exceeds 1 (the input of the
+    reach page's adversarial search; {prf:ref}`prop-rnn-gradient`). For W = [[0.9, 1.5], [−1, −0.9]]
+    it is ({0}, {1}): the saturated coordinate alternates.
+    """
+    cycle = slope_products(rnn, length).cycle if cycle is None else tuple(cycle)
+    sets = [cycle[(n - 1 - t) % len(cycle)] for t in range(n)]
+    return switching_saturation_input(rnn, sets, saturation=saturation)
+
+
+def prescribed_jacobian(rnn: Any, sets: Any, i: int, j: int, *, saturation: float = 20.0) -> np.ndarray:
+    """C Φ_i W Φ_{i−1} ⋯ W Φ_j U with Φ_t = P_{S_t} + sech²(saturation) P_{S_t^c}, S_t = sets[t]: the
+    Jacobian that {prf:ref}`prop-rnn-gradient` 2 predicts on `switching_saturation_input`, from the
+    prescribed slopes (no run of the network), shape (p, d)."""
+    W, U, C = _array(rnn.W), _array(rnn.U), _array(rnn.C)
+
+    def slopes(S):
+        phi = np.full(rnn.N, 1.0 / math.cosh(saturation) ** 2)
+        phi[list(S)] = 1.0
+        return phi[:, None]
+
+    M = slopes(sets[j]) * U
+    for t in range(j + 1, i + 1):
+        M = slopes(sets[t]) * (W @ M)
+    return C @ M

@@ -1381,3 +1381,101 @@ def test_cor_gate_closing_per_channel_check_fails_on_a_wrong_closed_form(monkeyp
 
     monkeypatch.setattr(gh, "selective_jacobian", off)
     assert gh.channel_closing_check(model, 40, v, [1, 20], closing=10.0).ratio > 1
+
+
+# -- prop-rnn-gradient: switching saturation -------------------------------------------------------
+
+SWITCH_W = np.array([[0.9, 1.5], [-1.0, -0.9]])
+
+
+def test_prop_rnn_gradient_alternating_saturation_grows_with_stable_blocks():
+    # The referee's counterexample: ρ(W) = 0.83, principal blocks 0.9, yet ‖J_{i,i−D}‖₂ = 1.5, 58, 3.3e3, 1.9e5
+    # at D = 1, 20, 40, 60 on z_t = (0, 20), (20, 0), … (the last position unsaturated in coordinate 0).
+    rnn = ElmanRNN(SWITCH_W, np.eye(2), np.eye(2))
+    assert max(abs(np.linalg.eigvals(SWITCH_W))) == pytest.approx(math.sqrt(0.69))
+    X = gh.alternating_saturation_input(rnn, 61, [(0,), (1,)])
+    assert np.array_equal(X, gh.alternating_saturation_input(rnn, 61))  # the worst cycle found is the same
+    z = X @ np.eye(2).T  # z_t = W s_{t−1} + x_t
+    s = np.zeros(2)
+    for t in range(61):
+        z[t] = SWITCH_W @ s + X[t]
+        s = np.tanh(z[t])
+        assert np.allclose(z[t], (0.0, 20.0) if (60 - t) % 2 == 0 else (20.0, 0.0), atol=1e-12)
+    blocks = jacobian_blocks(rnn, X, 60)
+    norms = [np.linalg.norm(blocks[60 - D], 2) for D in (1, 20, 40, 60)]
+    np.testing.assert_allclose(norms, [1.5, 1.5 ** 10 * 1.0, 1.5 ** 20, 1.5 ** 30], rtol=1e-12)
+
+
+def test_prop_rnn_gradient_slope_products_by_brute_force():
+    # π_D, the worst sets and the bracket on ρ̂, against products formed one by one.
+    rnn = ElmanRNN.random(2, 2, 2, spectral_radius=0.8, seed=3)
+    W = arr(rnn.W)
+    P = {S: np.diag([1.0 * (k in S) for k in range(2)]) @ W for S in [(0,), (1,), (0, 1)]}
+    result = gh.slope_products(rnn, 5)
+    for D in range(1, 6):
+        norms = {seq: np.linalg.norm(np.linalg.multi_dot([np.eye(2)] + [P[S] for S in seq]), 2)
+                 for seq in itertools.product(P, repeat=D)}
+        assert result.norms[D] == pytest.approx(max(norms.values()), rel=1e-12)
+        assert norms[result.worst[D]] == pytest.approx(result.norms[D], rel=1e-12)
+    assert result.lower <= result.upper
+    M = np.linalg.multi_dot([np.eye(2)] + [P[S] for S in result.cycle])
+    assert max(abs(np.linalg.eigvals(M))) ** (1 / len(result.cycle)) == pytest.approx(result.lower, rel=1e-12)
+    assert result.bound(13) == pytest.approx(result.norms[5] ** 2 * result.norms[3], rel=1e-12)
+    switching = gh.slope_products(ElmanRNN(SWITCH_W, np.eye(2), np.eye(2)), 8)
+    assert switching.lower >= math.sqrt(1.5) * (1 - 1e-12) and switching.upper > switching.lower
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prop_rnn_gradient_every_input_stays_under_pi_D_and_switching_inputs_attain_it(seed):
+    # Part 1 on random, large and switching inputs; part 3: for C, U of full rank the product attaining π_D,
+    # on its own switching input, gives ‖J‖₂ >= π_D/(‖C⁺‖‖U⁺‖).
+    rnn = ElmanRNN.random(3, 4, 3, spectral_radius=0.9, seed=seed)
+    W, U, C = arr(rnn.W), arr(rnn.U), arr(rnn.C)
+    products = gh.slope_products(rnn, 4)
+    rng = np.random.default_rng(seed)
+    n = 20
+    for scale in (0.3, 3.0, 30.0):
+        blocks = jacobian_blocks(rnn, scale * rng.standard_normal((n, 4)), n - 1)[::-1]
+        for D in range(n):
+            assert np.linalg.norm(blocks[D], 2) <= np.linalg.norm(C, 2) * products.bound(D) * np.linalg.norm(U, 2) * (1 + 1e-10)
+    floor = 1 / (np.linalg.norm(np.linalg.pinv(C), 2) * np.linalg.norm(np.linalg.pinv(U), 2))
+    for D in range(1, 5):
+        sets = [(0, 1, 2)] * (n - D) + list(products.worst[D][::-1])
+        X = gh.switching_saturation_input(rnn, sets, saturation=25.0)
+        J = jacobian_blocks(rnn, X, n - 1)[n - 1 - D]
+        np.testing.assert_allclose(J, gh.prescribed_jacobian(rnn, sets, n - 1, n - 1 - D, saturation=25.0),
+                                   rtol=1e-9, atol=1e-13)
+        assert np.linalg.norm(J, 2) >= floor * products.norms[D] * (1 - 1e-9)
+        assert np.linalg.norm(J, 2) <= np.linalg.norm(C, 2) * products.norms[D] * np.linalg.norm(U, 2) * (1 + 1e-10)
+
+
+def test_prop_rnn_gradient_diagonal_scaling_bounds_the_joint_spectral_radius():
+    # Part 1: ‖ΛWΛ⁻¹‖₂ = γ < 1 gives π_D <= κ(Λ) γ^D, hence ρ̂ <= γ; part 4: every ρ(W_SS) <= ρ̂.
+    rng = np.random.default_rng(0)
+    lam = np.array([1.0, 3.0, 0.5])
+    A = rng.standard_normal((3, 3))
+    A *= 0.8 / np.linalg.norm(A, 2)
+    W = np.diag(1 / lam) @ A @ np.diag(lam)  # ΛWΛ⁻¹ = A
+    rnn = ElmanRNN(W, np.eye(3), np.eye(3))
+    products = gh.slope_products(rnn, 5)
+    for D in range(6):
+        assert products.norms[D] <= (lam.max() / lam.min()) * 0.8 ** D * (1 + 1e-12)
+    blocks = [max(abs(np.linalg.eigvals(W[np.ix_(S, S)]))) for k in (1, 2, 3)
+              for S in itertools.combinations(range(3), k)]
+    assert max(blocks) <= products.lower * (1 + 1e-12)  # length-1 products: ρ(P_S W) = ρ(W_SS)
+
+
+def test_switching_saturation_input_needs_full_row_rank_U():
+    with pytest.raises(ValueError, match="full row rank"):
+        gh.switching_saturation_input(ElmanRNN.random(3, 2, 2, seed=0), [(0,), (1,)])
+
+
+def test_prop_rnn_gradient_check_fails_on_a_wrong_product():
+    # The notebook's formula check compares autograd with prescribed_jacobian: a 0.1 % error shows.
+    rnn = ElmanRNN(SWITCH_W, np.eye(2), np.eye(2))
+    sets = [(0,), (1,)] * 5
+    X = gh.switching_saturation_input(rnn, sets)
+    J = jacobian_blocks(rnn, X, 9)[3]
+    assert np.allclose(J, gh.prescribed_jacobian(rnn, sets, 9, 3), rtol=1e-12, atol=1e-15)  # sech²(20) ≈ 1.7e-17
+    wrong = ElmanRNN(1.001 * SWITCH_W, np.eye(2), np.eye(2))
+    assert not np.allclose(J, gh.prescribed_jacobian(wrong, sets, 9, 3), rtol=1e-4, atol=1e-15)
