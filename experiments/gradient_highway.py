@@ -894,13 +894,15 @@ class ChannelClosing:
 
     closed: the closed channels Q; ratio: the largest ‖J_ij[q, :] − J⁰_q‖ over its bound
     a_max,q D e^{−μ} Σ_k ‖T_{q,k}‖ for q in Q (<= 1 where the corollary holds); spread: the largest
-    relative change of J⁰_q with D (0 predicted); norms: ‖J_{i,i−D}[q, :]‖ per channel, (len(D), d).
+    relative change of J⁰_q with D (0 predicted); norms: ‖J_{i,i−D}[q, :]‖ per channel, (len(D), d);
+    formula_gap: the largest relative gap between the autograd block and the closed form with its steps.
     """
 
     closed: tuple[int, ...]
     ratio: float
     spread: float
     norms: np.ndarray
+    formula_gap: float = 0.0
 
 
 def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances: Any, *, closing: float = 40.0,
@@ -909,11 +911,12 @@ def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances
     closed form of `selective_jacobian` with every accumulated step set to 0 (J⁰_q, from D = first),
     within the bound of {prf:ref}`cor-gate-closing` (1e-12 ‖J⁰_q‖ of slack for rounding). Every D >= 1."""
     last, N = n - 1, model.N
-    J0, ratio, spread, norms, closed = {}, 0.0, 0.0, [], ()
+    J0, ratio, spread, norms, closed, formula_gap = {}, 0.0, 0.0, [], (), 0.0
     for D in distances:
         X, closed = channel_closing_input(model, n, last - D, direction, closing=closing, seed=seed)
         path = selective_jacobian(model, X, last, last - D)
         J = jacobian_blocks(model, X, last)[last - D]
+        formula_gap = max(formula_gap, float(np.linalg.norm(J - path.block) / np.linalg.norm(path.block)))
         norms.append(np.linalg.norm(J, axis=1))
         for q in closed:
             modes = path.modes[q * N:(q + 1) * N, q]           # T_{q,k}, row q only, (N, d)
@@ -923,7 +926,7 @@ def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances
             gap = np.linalg.norm(J[q] - J0[q])
             ratio = max(ratio, float(gap / (allowed + 1e-12 * np.linalg.norm(J0[q]))))
             spread = max(spread, float(np.linalg.norm(undecayed - J0[q]) / np.linalg.norm(J0[q])))
-    return ChannelClosing(closed=closed, ratio=ratio, spread=spread, norms=np.array(norms))
+    return ChannelClosing(closed=closed, ratio=ratio, spread=spread, norms=np.array(norms), formula_gap=formula_gap)
 
 
 # -- tanh RNNs: switching saturation and the joint spectral radius of the slope products ----------
