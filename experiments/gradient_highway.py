@@ -607,24 +607,27 @@ def stable_ssm(classes: int, state_size: int = 16, *, radius: tuple[float, float
     return ssm
 
 
-def recall_model(kind: str, task: RecallTask, *, seed: int = 0,
-                 radius: tuple[float, float] = (0.85, 0.95)) -> LinearSSM | SoftmaxAttention | Stack:
+def recall_model(kind: str, task: RecallTask, *, seed: int = 0, radius: tuple[float, float] = (0.85, 0.95),
+                 state_size: int = 16, position_bias: bool = True) -> LinearSSM | SoftmaxAttention | Stack:
     """A fresh "ssm", "attention" or "hybrid" model for `task`, read at the last position.
 
-    attention: one causal head (d_k = d_v = Q, projections N(0, 1/Q)) with zero position biases;
+    attention: one causal head (d_k = d_v = Q, projections N(0, 1/Q)) with a learned score b[ℓ]
+    per lag ℓ, started at zero (position_bias=False: no such scores, the head sees content only);
     hybrid: the residual block x + ssm(x), then the attention head without a residual (it would
-    put the last background token straight into the logits). `radius`: the SSM's initial moduli.
+    put the last background token straight into the logits). `radius`, `state_size`: the SSM's
+    initial moduli and its (even) number of states.
     """
     if kind == "ssm":
-        return stable_ssm(task.classes, radius=radius, seed=seed)
+        return stable_ssm(task.classes, state_size, radius=radius, seed=seed)
     g = torch.Generator().manual_seed(seed + (kind == "hybrid"))
     Q = task.classes
     W_Q, W_K, W_V, W_O = ((1 / math.sqrt(Q)) * torch.randn(1, Q, Q, generator=g, dtype=torch.float64)
                           for _ in range(4))
-    attention = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=torch.zeros(1, task.length, dtype=torch.float64))
+    bias = torch.zeros(1, task.length, dtype=torch.float64) if position_bias else None
+    attention = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=bias)
     if kind == "attention":
         return attention
-    return Stack([Stack([stable_ssm(Q, radius=radius, seed=seed)], residual=True), attention])
+    return Stack([Stack([stable_ssm(Q, state_size, radius=radius, seed=seed)], residual=True), attention])
 
 
 def _logits(model: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
@@ -686,15 +689,17 @@ def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: 
 def recall_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
                  seeds: tuple[int, ...] = (0, 1, 2), *, steps: int = 200, classes: int = 8, noise: float = 0.5,
                  optimizer: str = "adam", lr: float = 0.02, radius: tuple[float, float] = (0.85, 0.95),
+                 state_size: int = 16, position_bias: bool = True,
                  progress: Callable[[str], None] | None = None, device: Any = "cpu") -> list[RecallResult]:
-    """`train_recall` of a fresh `recall_model` for every (kind, distance, seed), in that order
-    (model and data seeded by the seed)."""
+    """`train_recall` of a fresh `recall_model` (with `radius`, `state_size`, `position_bias`) for every
+    (kind, distance, seed), in that order (model and data seeded by the seed)."""
     results = []
     for kind in kinds:
         for D in distances:
             task = RecallTask(D, classes=classes, noise=noise)
             for seed in seeds:
-                model = recall_model(kind, task, seed=seed, radius=radius)
+                model = recall_model(kind, task, seed=seed, radius=radius, state_size=state_size,
+                                     position_bias=position_bias)
                 r = train_recall(model, task, steps=steps, seed=seed, optimizer=optimizer, lr=lr, kind=kind,
                                  device=device)
                 results.append(r)
@@ -714,14 +719,18 @@ class RecallSignal:
 
 
 def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
-                 seeds: tuple[int, ...] = (0, 1, 2), *, classes: int = 8, samples: int = 256) -> list[RecallSignal]:
+                 seeds: tuple[int, ...] = (0, 1, 2), *, classes: int = 8, samples: int = 256,
+                 length: int | None = None) -> list[RecallSignal]:
     """`initial_gradient_norm` of a fresh `recall_model(kind, task, seed=seed)` on the blank task
     (noise 0: the class token is the only input), its batch drawn with `seed`, for every
-    (kind, distance, seed) in that order."""
+    (kind, distance, seed) in that order. length: None for sequences of D + 1 tokens (the class
+    token first), or one length n > max(distances) for all (the class token at n − 1 − D, blanks
+    before it), which keeps the position of the output fixed while the distance changes."""
     results = []
     for kind in kinds:
         for D in distances:
-            task = RecallTask(D, classes=classes, noise=0.0)
+            lead = 0 if length is None else length - 1 - D
+            task = RecallTask(D, classes=classes, noise=0.0, lead=lead)
             for seed in seeds:
                 norm = initial_gradient_norm(recall_model(kind, task, seed=seed), task, samples=samples, seed=seed)
                 results.append(RecallSignal(kind=kind, distance=D, seed=seed, gradient_norm=norm))

@@ -1375,3 +1375,26 @@ def test_sweep_model_sets_the_step_range_or_the_spectral_radius():
         else:
             steps = torch.exp(model.log_dt) if isinstance(model, DiagonalSSM) else F.softplus(model.dt_bias)
             assert bool(((steps >= 0.01 * (1 - 1e-12)) & (steps <= 0.02 * (1 + 1e-12))).all())
+
+
+def test_recall_attention_without_position_bias_has_no_lag_scores():
+    task = RecallTask(6)
+    with_bias, without = recall_model("attention", task, seed=0), recall_model("attention", task, seed=0,
+                                                                              position_bias=False)
+    assert with_bias.position_bias is not None and without.position_bias is None
+    assert torch.equal(with_bias.W_Q, without.W_Q)
+    hybrid = recall_model("hybrid", task, seed=0, position_bias=False, state_size=4)
+    assert hybrid.layers[1].position_bias is None and hybrid.layers[0].layers[0].N == 4
+
+
+def test_signal_sweep_at_one_length_holds_the_position_and_moves_the_distance():
+    # At a fixed length the blank query scores every key alike: attention's signal does not
+    # depend on where the class token sits; the SSM's still falls with the distance.
+    signals = signal_sweep((1, 6, 12), kinds=("ssm", "attention"), seeds=(0,), classes=3, samples=16, length=13)
+    attention = [s.gradient_norm for s in signals if s.kind == "attention"]
+    ssm = [s.gradient_norm for s in signals if s.kind == "ssm"]
+    assert max(attention) == pytest.approx(min(attention), rel=1e-12)
+    assert ssm[0] > ssm[1] > ssm[2]
+    task = RecallTask(6, classes=3, noise=0.0, lead=6)
+    assert signals[1].gradient_norm == initial_gradient_norm(recall_model("ssm", task, seed=0), task, samples=16,
+                                                             seed=0)
