@@ -1215,8 +1215,8 @@ def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task(
 
 
 from experiments.gradient_highway import (  # noqa: E402
-    STANDARD_STEPS, SWEEP_KINDS, adversarial_profile, lower_median, reach_row, read_profile, shrink_to, standard_zoo,
-    slope_products, sweep_model, switching_saturation_input, alternating_saturation_input, torch_default_rnn)
+    STANDARD_STEPS, SWEEP_KINDS, adversarial_profile, alternating_saturation_input, lower_median, reach_row,
+    read_profile, shrink_to, slope_products, standard_zoo, sweep_model, switching_saturation_input, torch_default_rnn)
 from lib import SSD as _SSD, DiagonalSSM, SharedStateSSM  # noqa: E402
 
 
