@@ -18,7 +18,8 @@ from experiments.trained_heads import (DigitSequences, _extended_kernel_singular
                                        input_moments, load_digit_sequences, logistic_baseline, logits, mean_path,
                                        train_classifier, truncation_error_samples, truncation_errors,
                                        truncation_sweep, truncations, wilson_interval)
-from lib import DiagonalSSM, SharedStateSSM, min_heads, optimal_head_errors, relative_error
+from lib import (DiagonalSSM, SharedStateSSM, min_heads, optimal_head_errors, population_error, relative_error,
+                 truncated_heads)
 
 
 def lags_np(layer, n):
@@ -159,6 +160,38 @@ def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law
     for model in truncations(layer, n, [1, 2], moments).values():
         by_hand = outputs(model.heads, X[:50] - moments[0]) + mean_path(layer, n, moments[0])
         assert relative_error(outputs(model, X[:50]), by_hand) < 1e-12
+
+
+def test_prop_covariance_head_count_part4_mean_term_of_the_truncation_without_bias(random_diagonal, random_shared):
+    # Part 4: the part-2 truncation with H >= rank G_Σ, used on raw tokens, errs by Σ_i ‖Σ_{ℓ<i} L_ℓ x̄_⊥‖²; zero when
+    # x̄ ∈ range Σ or when the lags annihilate x̄_⊥; and heads spanning the lags (E = 0) err by 0 whatever x̄.
+    layer, n = random_shared(3, 2, seed=6), 9
+    (mu, Sigma), S = moments_of(3, 2, 7)                        # singular Σ: a null direction
+    P = S @ np.linalg.pinv(S)
+    full = truncated_heads(layer, n, 6, covariance=Sigma)
+    lags = lags_np(layer, n)
+    by_hand = float((np.cumsum(lags @ (mu - P @ mu), axis=0) ** 2).sum())
+    scale = optimal_head_errors(layer, n, 0, covariance=Sigma)[0]
+    assert by_hand > 1e-3 * scale
+    assert population_error(layer, full, n, covariance=Sigma, mean=mu) == pytest.approx(by_hand, rel=1e-9)
+    assert population_error(layer, full, n, covariance=Sigma, mean=P @ mu) < 1e-12 * scale
+    spanning = truncated_heads(layer, n, exact_lag_span_dimension(layer, n).k)
+    assert population_error(layer, spanning, n, covariance=Sigma, mean=mu) < 1e-12 * scale
+    # x̄_⊥ = e_0 ≠ 0 but every lag annihilates it: channel 0 of an S4D layer silenced, Σ null on e_0.
+    quiet = random_diagonal(3, 2, seed=3)
+    with torch.no_grad():
+        quiet.C[0] = 0.0
+        quiet.D[0] = 0.0
+    S0 = np.vstack([np.zeros((1, 2)), np.random.default_rng(8).standard_normal((2, 2))])
+    Sigma0, mu0 = S0 @ S0.T, np.array([1.5, 0.3, -0.7])
+    full0 = truncated_heads(quiet, n, 6, covariance=Sigma0)
+    scale0 = optimal_head_errors(quiet, n, 0, covariance=Sigma0)[0]
+    assert population_error(quiet, full0, n, covariance=Sigma0, mean=mu0) < 1e-12 * scale0
+    with torch.no_grad():
+        quiet.D[0] = 0.5                                       # now L_0 e_0 ≠ 0: the term is back
+    full0 = truncated_heads(quiet, n, 6, covariance=Sigma0)
+    term = float((np.cumsum(lags_np(quiet, n) @ np.array([1.5, 0.0, 0.0]), axis=0) ** 2).sum())
+    assert term > 0.1 and population_error(quiet, full0, n, covariance=Sigma0, mean=mu0) == pytest.approx(term, rel=1e-9)
 
 
 def test_cor_truncation_exact_on_range_of_sigma_and_not_beyond(random_shared):
