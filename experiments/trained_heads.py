@@ -195,10 +195,13 @@ class LagSpanDimension(NamedTuple):
     largest_dropped: float
 
 
-def generic_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int) -> int:
+def generic_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int) -> int | None:
     """The k_n of almost every parameter ({prf:ref}`prop-trained-lag-span`): min(n, d) for a
-    DiagonalSSM, min(N + 1, n) for a SharedStateSSM (proven for N <= d(d − 1))."""
-    return min(layer.N + 1, n) if isinstance(layer, SharedStateSSM) else min(n, layer.d)
+    DiagonalSSM, min(N + 1, n) for a SharedStateSSM with N <= d(d − 1); None for one with
+    N > d(d − 1), where the proposition proves only the bound min(N + 1, n, d²)."""
+    if isinstance(layer, SharedStateSSM):
+        return min(layer.N + 1, n) if layer.N <= layer.d * (layer.d - 1) else None
+    return min(n, layer.d)
 
 
 def exact_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int, *,

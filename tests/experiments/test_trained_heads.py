@@ -75,6 +75,18 @@ def test_prop_trained_lag_span_witness_of_the_proof_attains_n_plus_one():
     for n in (3, 5, 7, 12):
         assert lag_rank_np(lags_np(layer, n)) == min(2 * M + 1, n) == generic_lag_span_dimension(layer, n)
     assert exact_lag_span_dimension(layer, 12).k == 7
+    # The Vandermonde step acts on the residues: R_m = (e_a + i e_a') e_βᵀ, R̄_m and diag(D), independent over C
+    # (not elementary matrices: each R_m has two non-zero entries), and L_ℓ = Σ_j ν_j^ℓ P_j.
+    nodes, residues = (t.numpy() for t in layer.modes())
+    P = residues.reshape(len(nodes), -1)
+    assert len(nodes) == 2 * M + 1 and np.linalg.matrix_rank(P) == 2 * M + 1
+    assert all(np.count_nonzero(np.abs(r) > 1e-12) == 2 for r in P[:2 * M])
+    for m, ((a, a2), beta) in enumerate(slots):
+        expected = np.zeros((d, d), complex)
+        expected[a, beta], expected[a2, beta] = 1.0, 1j
+        np.testing.assert_allclose(residues[m], expected, atol=1e-12)
+    vander = nodes[None, :] ** np.arange(12)[:, None]
+    np.testing.assert_allclose(np.einsum("lj,jpd->lpd", vander, residues).real, lags_np(layer, 12), atol=1e-12)
 
 
 def test_prop_trained_lag_span_upper_bounds_and_non_generic_points(random_diagonal, random_shared):
@@ -94,6 +106,9 @@ def test_prop_trained_lag_span_upper_bounds_and_non_generic_points(random_diagon
     assert exact_lag_span_dimension(no_skip, n).k == 4           # N without the node 0
     for layer in (random_shared(2, 3, seed=1), random_diagonal(2, 4, seed=2)):
         assert lag_rank_np(lags_np(layer, n)) <= min(n, layer.d ** 2, getattr(layer, "N", n) + 1)
+    # N = 6 > d(d − 1) = 2: part 2's generic value is not claimed (here k = d² = 4 < N + 1 = 7).
+    wide = random_shared(2, 3, seed=1)
+    assert generic_lag_span_dimension(wide, n) is None and exact_lag_span_dimension(wide, n).k == 4
 
 
 def test_exact_lag_span_dimension_sees_through_rounding():
