@@ -1,7 +1,7 @@
 """The reproduction ledger: each claim (a labelled sphinx-proof theorem, proposition, lemma or
 corollary, found by the Sphinx extension) joined with its ``run.check`` records, its tests
-(``test_<label with _>[_<anything>]`` under ``tests/``) and its ``data/claims.yaml`` entry,
-and every problem that leaves it incomplete."""
+(``test_<label with _>[_<anything>]`` under ``tests/``) and its ``data/claims.yaml`` entry (source,
+summary, what its checks verify), and every problem that leaves it incomplete."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import yaml
 from .book import Book
 
 CLAIM_KINDS = ("theorem", "proposition", "lemma", "corollary")
-SOURCES = {"abstract": "stated in the paper's abstract",
-           "precise": "the book's precise version of a claim of the abstract",
-           "extension": "the book's extension"}
+SOURCES = {"abstract": "abstract", "precise": "precise version", "extension": "extension"}  # as shown
+# What a claim's checks verify (data/claims.yaml `verifies`); a "bound" check reports measured ÷ bound against 1.
+VERIFIES = {"formula": "formula on chosen inputs", "bound": "bound on chosen inputs",
+            "cases": "statement on a battery of cases", "estimate": "estimate within its accuracy"}
 NOTES_FILE = "data/claims.yaml"
 LEDGER_FILE = "_ledger.json"  # in the staged tree: checks, tests and notes, for the extension
 CLAIMS_FILE = "_claims.json"  # in the built site: the claims the extension found
@@ -44,11 +45,10 @@ def find_checks(book: Book) -> dict[str, list[dict]]:
             continue  # a notebook that left the book
         cells = _check_cells(book.executed / record["notebook"])
         for label, check in (record.get("checks") or {}).items():
-            discrepancy, tolerance = float(check["discrepancy"]), float(check["tolerance"])
+            value, tolerance = float(check["discrepancy"]), float(check["tolerance"])
             found.setdefault(label, []).append(dict(
-                notebook=record["notebook"].removesuffix(".ipynb"), cell=cells.get(label),
-                discrepancy=discrepancy, tolerance=tolerance, what=str(check.get("what", "")),
-                ok=discrepancy <= tolerance))
+                notebook=record["notebook"].removesuffix(".ipynb"), cell=cells.get(label), discrepancy=value,
+                tolerance=tolerance, what=str(check.get("what", "")), ok=value <= tolerance))
     return found
 
 
@@ -56,20 +56,17 @@ def find_test_ids(root: Path) -> list[str]:
     """``tests/...py::[Class::]test_name`` of every test function under ``tests/``."""
     ids = []
     for path in sorted((root / "tests").rglob("test_*.py")):
-        rel = path.relative_to(root).as_posix()
         for node in ast.parse(path.read_text(), filename=str(path)).body:
-            if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-                ids += [f"{rel}::{node.name}::{item.name}" for item in node.body
-                        if isinstance(item, ast.FunctionDef) and item.name.startswith("test_")]
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
-                ids.append(f"{rel}::{node.name}")
+            group = isinstance(node, ast.ClassDef) and node.name.startswith("Test")  # its test methods
+            prefix = f"{path.relative_to(root).as_posix()}::" + (f"{node.name}::" if group else "")
+            ids += [prefix + f.name for f in (node.body if group else [node])
+                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test_")]
     return ids
 
 
 def match_tests(labels, ids) -> dict[str, list[str]]:
     """label -> test ids named after it; a test belongs to the longest label it starts with."""
-    stems = sorted(((label, "test_" + label.replace("-", "_")) for label in labels),
-                   key=lambda item: -len(item[1]))
+    stems = sorted(((label, "test_" + label.replace("-", "_")) for label in labels), key=lambda x: -len(x[1]))
     found: dict[str, list[str]] = {label: [] for label in labels}
     for test_id in ids:
         name = test_id.rsplit("::", 1)[-1]
@@ -88,12 +85,6 @@ def ledger_inputs(book: Book) -> dict:
             "figures": notes.get("figures") or []}
 
 
-def verdict(entry: dict) -> str:
-    if not entry["checks"] or not entry["tests"]:
-        return "incomplete"
-    return "reproduced" if all(c["ok"] for c in entry["checks"]) else "fails its check"
-
-
 def assemble(inputs: dict, claims: list[dict]) -> tuple[dict[str, dict], list[str]]:
     """Join claims (dicts: label, kind, title, page) with their checks, tests and notes:
     (label -> entry with its verdict, in the book's order; every problem)."""
@@ -109,9 +100,12 @@ def assemble(inputs: dict, claims: list[dict]) -> tuple[dict[str, dict], list[st
                             "has no :label:, so it cannot be checked or tested")
             continue
         note = notes.get(label) or {}
+        kind = note.get("verifies")  # a kind, or {notebook stem: kind}
         entry = {**claim, "source": str(note.get("source", "")), "summary": str(note.get("summary", "")),
-                 "checks": checks.get(label, []), "tests": tests.get(label, [])}
-        entry["verdict"] = verdict(entry)
+                 "checks": [{**c, "kind": kind.get(Path(c["notebook"]).name) if isinstance(kind, dict) else kind}
+                            for c in checks.get(label, [])], "tests": tests.get(label, [])}
+        entry["verdict"] = ("incomplete" if not entry["checks"] or not entry["tests"] else
+                            "reproduced" if all(c["ok"] for c in entry["checks"]) else "fails its check")
         entries[label] = entry
         if not entry["checks"]:
             problems.append(f"{where}: no numerical check (call run.check('{label}', ...) in a notebook)")
@@ -121,6 +115,10 @@ def assemble(inputs: dict, claims: list[dict]) -> tuple[dict[str, dict], list[st
                      f"{c['discrepancy']:.3g} > {c['tolerance']:.3g}" for c in entry["checks"] if not c["ok"]]
         if entry["source"] not in SOURCES or not entry["summary"]:
             problems.append(f"{where}: needs a summary and a source ({', '.join(SOURCES)}) in {NOTES_FILE}")
+        if not kind or any(c["kind"] not in VERIFIES for c in entry["checks"]):
+            problems.append(f"{where}: needs `verifies` ({', '.join(VERIFIES)}; per notebook) in {NOTES_FILE}")
+        problems += [f"{where}: its bound check in {c['notebook']} must report measured ÷ bound against 1"
+                     for c in entry["checks"] if c["kind"] == "bound" and not 1 <= c["tolerance"] <= 1 + 1e-6]
     problems += [f"{label}: checked in {checks[label][0]['notebook']} but no claim has this label"
                  for label in sorted(set(checks) - set(labels))]
     problems += [f"{label}: described in {NOTES_FILE} but no claim has this label"

@@ -14,11 +14,10 @@ from sphinx import addnodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
 
-from .ledger import CLAIM_KINDS, CLAIMS_FILE, LEDGER_FILE, assemble
+from .ledger import CLAIM_KINDS, CLAIMS_FILE, LEDGER_FILE, SOURCES, VERIFIES, assemble
 
 VERDICT_MARK = {"reproduced": "✓ reproduced", "fails its check": "✗ fails its check",
                 "incomplete": "◌ incomplete"}
-SHORT_SOURCE = {"abstract": "abstract", "precise": "precise version", "extension": "extension"}
 _MYST_ROLE = re.compile(r"\{([a-z]+(?::[a-z]+)?)\}`([^`]+)`")
 
 
@@ -49,8 +48,7 @@ def book_claims(env) -> list[dict]:
 def _ledger(env) -> dict:
     """label -> ledger entry; built on first use in the write phase, once every page is read."""
     if not hasattr(env, "book_ledger"):
-        inputs = _inputs(env)
-        env.book_ledger = assemble(inputs, book_claims(env))[0] if inputs else {}
+        env.book_ledger = assemble(_inputs(env), book_claims(env))[0] if _inputs(env) else {}
     return env.book_ledger
 
 
@@ -59,28 +57,35 @@ def write_claims(app, exception) -> None:
         (Path(app.outdir) / CLAIMS_FILE).write_text(json.dumps(book_claims(app.env), indent=1) + "\n")
 
 
-def _doc_link(docname: str, refdoc: str, text: str | None = None) -> nodes.Node:
-    return addnodes.pending_xref("", nodes.inline("", text or docname), refdomain="std",
-                                 reftype="doc", reftarget="/" + docname,
-                                 refexplicit=text is not None, refwarn=True, refdoc=refdoc)
+def _doc_link(doc: str, refdoc: str, text: str | None = None) -> nodes.Node:
+    return addnodes.pending_xref("", nodes.inline("", text or doc), refdomain="std", reftype="doc",
+                                 reftarget="/" + doc, refexplicit=text is not None, refwarn=True, refdoc=refdoc)
 
 
 def _number(value: float) -> str:
     return f"{value:.2g}" if value else "0"
 
 
+def _cell(check: dict) -> str:
+    return f", cell {check['cell']}" if check.get("cell") else ""
+
+
+def _measured(check: dict) -> list[nodes.Node]:
+    """measured ≤ allowed; a bound check's measured ÷ bound as a "ratio" against 1."""
+    return [nodes.Text("ratio " * (check["kind"] == "bound")), nodes.strong("", _number(check["discrepancy"])),
+            nodes.Text(f" ≤ {_number(check['tolerance'])}")]
+
+
 def ledger_line(entry: dict, refdoc: str) -> nodes.paragraph:
-    """Under a claim: verdict · Checked in <notebook, cell>: what = measured (tolerance) · Tested by."""
+    """Under a claim: verdict · Checked (what it verifies) in <notebook, cell>: what = measured · Tested by."""
     para = nodes.paragraph(classes=["claim-ledger", "claim-" + entry["verdict"].split()[0]])
-    para += [nodes.strong("", VERDICT_MARK[entry["verdict"]]), nodes.Text(" · Checked in ")]
+    para += [nodes.strong("", VERDICT_MARK[entry["verdict"]]), nodes.Text(" · Checked")]
     if not entry["checks"]:
-        para += nodes.emphasis("", "no notebook")
+        para += [nodes.Text(" in "), nodes.emphasis("", "no notebook")]
     for k, check in enumerate(entry["checks"]):
-        cell = f", cell {check['cell']}" if check.get("cell") else ""
-        para += [nodes.Text("; and in " if k else ""), _doc_link(check["notebook"], refdoc),
-                 nodes.Text(f"{cell}: {check['what']} = "),
-                 nodes.strong("", _number(check["discrepancy"])),
-                 nodes.Text(f" (tolerance {_number(check['tolerance'])})")]
+        para += [nodes.Text(f"{'; and' if k else ''} ({VERIFIES.get(check['kind'], 'kind not stated')}) in "),
+                 _doc_link(check["notebook"], refdoc), nodes.Text(f"{_cell(check)}: {check['what']} = "),
+                 *_measured(check)]
     para += nodes.Text(" · Tested by ")
     tests = entry["tests"]
     para += [nodes.literal("", tests[0]), nodes.Text(f" and {len(tests) - 1} more" if len(tests) > 1 else "")] \
@@ -94,23 +99,22 @@ def status_table(claims: dict, refdoc: str) -> nodes.table:
     for label, entry in claims.items():
         checks = nodes.paragraph()
         for k, check in enumerate(entry["checks"]):
-            cell = f", cell {check['cell']}" if check.get("cell") else ""
-            checks += [nodes.Text("; " if k else ""), nodes.strong("", _number(check["discrepancy"])),
-                       nodes.Text(f" ≤ {_number(check['tolerance'])} ("),
-                       _doc_link(check["notebook"], refdoc, "notebook" + cell), nodes.Text(")")]
-        tests = entry["tests"]
+            checks += [nodes.Text("; " if k else ""), *_measured(check), nodes.Text(" ("),
+                       _doc_link(check["notebook"], refdoc, "notebook" + _cell(check)), nodes.Text(")")]
+        tests, mark = entry["tests"], VERDICT_MARK[entry["verdict"]].split()[0]
+        kinds = ", ".join(dict.fromkeys(str(c["kind"]) for c in entry["checks"]))  # what was verified
         rows.append([
             [addnodes.pending_xref("", nodes.inline("", label), refdomain="prf", reftype="ref",
                                    reftarget=label, refexplicit=False, refwarn=True, refdoc=refdoc)],
             [nodes.Text(entry["summary"])],
-            [nodes.Text(SHORT_SOURCE.get(entry["source"], entry["source"]))],
+            [nodes.Text(SOURCES.get(entry["source"], entry["source"]))],
             [checks] if entry["checks"] else [nodes.emphasis("", "none")],
             [nodes.literal("", tests[0].rsplit("::", 1)[-1]),
              nodes.Text(f" (+{len(tests) - 1})" if len(tests) > 1 else "")] if tests
             else [nodes.emphasis("", "none")],
-            [nodes.strong("", VERDICT_MARK[entry["verdict"]].split()[0])]])
-    return _table(["Claim", "In one line", "Source", "Check: measured ≤ allowed", "Test", ""],
-                  rows, widths=[10, 38, 9, 20, 20, 3])
+            [nodes.strong("", mark), nodes.Text(f" {kinds}")]])
+    return _table(["Claim", "In one line", "Source", "Check: measured ≤ allowed", "Test", "Verified"],
+                  rows, widths=[10, 36, 9, 19, 17, 9])
 
 
 def _table(header: list[str], rows: list[list[list[nodes.Node]]], widths: list[int]) -> nodes.table:
@@ -122,9 +126,8 @@ def _table(header: list[str], rows: list[list[list[nodes.Node]]], widths: list[i
 
 
 def _row(cells: list[list[nodes.Node]]) -> nodes.row:
-    paragraphs = [c[0] if len(c) == 1 and isinstance(c[0], nodes.paragraph)
-                  else nodes.paragraph("", "", *c) for c in cells]
-    return nodes.row("", *[nodes.entry("", p) for p in paragraphs])
+    return nodes.row("", *[nodes.entry("", c[0] if len(c) == 1 and isinstance(c[0], nodes.paragraph)
+                                       else nodes.paragraph("", "", *c)) for c in cells])
 
 
 class ledger_claims_table(nodes.General, nodes.Element):
@@ -159,8 +162,7 @@ class LedgerFigures(SphinxDirective):
         rows = [[[nodes.Text(fig["paper"])],
                  [_doc_link(fig["ours"], self.env.docname), nodes.Text(f" (figure {fig.get('figure', '')})")],
                  [nodes.Text(fig.get("how", ""))]] for fig in _inputs(self.env).get("figures", [])]
-        return [_table(["The paper's figure", "Reproduced by", "How (our settings)"], rows,
-                       widths=[30, 25, 45])]
+        return [_table(["The paper's figure", "Reproduced by", "How (our settings)"], rows, widths=[30, 25, 45])]
 
 
 def add_run_locally_note(app, doctree) -> None:

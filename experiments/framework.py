@@ -174,6 +174,71 @@ def value_rank(model) -> int:
     return ref.numerical_rank(coefficients(model, np.zeros((1, model.d)))[1])
 
 
+def resolvent_rank(A: np.ndarray, B: np.ndarray, C: np.ndarray, rtol: float = 1e-10) -> int:
+    """k of prop-lti-ssm for n >= N without powers of A or lags: dim span{Re, Im C(z_s I − A)⁻¹B}
+    at 2N + 1 points z_s on the circle |z| = 1 + ρ(A), by linear solves.
+
+    The resolvent at m_A (or more) distinct points off the spectrum spans the polynomials in A
+    (partial fractions), so these blocks span span{L_ℓ : ℓ >= 0}, which is span{L_ℓ : ℓ < n} once
+    n >= m_A (Cayley–Hamilton). Rank: singular values above rtol · the largest.
+    """
+    N = A.shape[0]
+    s = 2 * N + 1
+    points = (1 + np.abs(np.linalg.eigvals(A)).max()) * np.exp(2j * np.pi * (np.arange(s) + 0.5) / s)
+    blocks = np.stack([(C @ np.linalg.solve(z * np.eye(N) - A, B)).ravel() for z in points])
+    return ref.numerical_rank(np.concatenate([blocks.real, blocks.imag]), rtol)
+
+
+def lti_rank_systems(rng: np.random.Generator, N: int = 4) -> dict[str, tuple[np.ndarray, ...]]:
+    """(A, B, C) of LTI SSMs whose k lies below min(N, n, pd) or has to be counted with care:
+    a double eigenvalue twice (m_A = 2), a Jordan block, an uncontrollable mode, rank-one B and C,
+    a nilpotent shift with p = d = 1, C = 0, and N = 2pd near the unit circle. d = p = N except
+    where the name says otherwise."""
+    def gauss(*shape):
+        return rng.standard_normal(shape)
+
+    P = gauss(N, N)
+    repeated = P @ np.diag(np.repeat([0.5, -0.5], N // 2)) @ np.linalg.inv(P)
+    jordan = 0.7 * np.eye(N) + np.eye(N, k=1)
+    uncontrollable = gauss(N, N)
+    uncontrollable[-1] = 0.0                                        # the last mode is not driven
+    near = gauss(2 * N, 2 * N)
+    return {
+        "double eigenvalues ±0.5 (m_A = 2)": (repeated, gauss(N, N), gauss(N, N)),
+        f"Jordan block, λ = 0.7 (m_A = {N})": (jordan, gauss(N, N), gauss(N, N)),
+        "diagonal A, one mode not driven": (np.diag(np.linspace(0.9, -0.3, N)), uncontrollable, gauss(N, N)),
+        "rank-one B and C": (jordan.T * 0.9, np.outer(gauss(N), gauss(N)), np.outer(gauss(N), gauss(N))),
+        "nilpotent shift, p = d = 1": (np.eye(N, k=1), gauss(N, 1), gauss(1, N)),
+        "C = 0": (jordan, gauss(N, N), np.zeros((N, N))),
+        f"N = {2 * N}, p = d = 2, ρ(A) = 0.99": (0.99 * near / np.abs(np.linalg.eigvals(near)).max(),
+                                                 gauss(2 * N, 2), gauss(2, 2 * N)),
+    }
+
+
+def lti_rank_rows(systems: dict, inputs: dict[int, np.ndarray], measure) -> list[dict]:
+    """prop-lti-ssm's exact rank on each system of `lti_rank_systems`: the rank `measure(model,
+    X)` measures (lib's interaction rank of lib's operator) against `resolvent_rank` (numpy, no
+    lags), with the bound min(N, n, pd); inputs {d: X (b, n, d)} with n >= N."""
+    rows = []
+    for name, (A, B, C) in systems.items():
+        X = inputs[B.shape[1]]
+        N, n, pd = A.shape[0], X.shape[1], C.shape[0] * B.shape[1]
+        k, rank = resolvent_rank(A, B, C), int(measure(LinearSSM(A, B, C), X))
+        rows.append({"system": name, "N": N, "p × d": f"{C.shape[0]} × {B.shape[1]}", "min(N, n, pd)": min(N, n, pd),
+                     "k (resolvents)": k, "measured rank": rank, "proposition": "prop-lti-ssm",
+                     "holds": rank == k <= min(N, n, pd)})
+    return rows
+
+
+def with_step_rank(model, rank: int):
+    """The selective scan `model` with W_Δ replaced by its best rank-`rank` approximation (SVD), as
+    Mamba's rank-⌈d_model/16⌉ step projection: outside prop-selective-ssm's exactness hypothesis."""
+    P = _parameters(model)
+    left, sigma, right = np.linalg.svd(P["W_delta"])
+    W_delta = (left[:, :rank] * sigma[:rank]) @ right[:rank]
+    return SelectiveSSM(P["A_log"], W_delta, P["dt_bias"], P["W_B"], P["W_C"])
+
+
 def predicted_rank(model, inputs: np.ndarray) -> tuple[str, int, str]:
     """(relation, value, rule): what the proposition says of the interaction rank over inputs
     (b, n, d) — "=" where the page gives it exactly (its conditions checked in numpy), "≤" for a
@@ -189,7 +254,9 @@ def predicted_rank(model, inputs: np.ndarray) -> tuple[str, int, str]:
     if isinstance(model, ElmanRNN):
         return "≤", int(np.linalg.matrix_rank(P["C"]) * np.linalg.matrix_rank(P["U"])), "rank C · rank U"
     if isinstance(model, LinearSSM):
-        return "=", ref.numerical_rank(ref.lti_lags(P["A"], P["B"], P["C"], n)), "k = dim span{L_ℓ : ℓ < n}"
+        if n < model.N:
+            return "≤", min(model.N, n, model.p * model.d), "min(N, n, pd)"
+        return "=", resolvent_rank(P["A"], P["B"], P["C"]), "k, from C(zI − A)⁻¹B (n ≥ N)"
     if isinstance(model, KANLayer):
         return "≤", model.p * model.d, "pd"
     if isinstance(model, SelectiveSSM):

@@ -325,22 +325,6 @@ def frozen_gate_response(step: float, rate: float, D: int, *, B: float = 1.0, C:
     return float(lag_norms(mode, D + 1)[D])
 
 
-def frozen_gate_search(D: int, steps: Any, rates: Any, *, B: float = 1.0,
-                       C: float = 1.0) -> tuple[float, float, float]:
-    """(response, step, rate): the largest `frozen_gate_response` over Δ in steps and a in rates, D >= 1.
-
-    {prf:ref}`prop-frozen-gate` 1: with every rate >= a_min it cannot exceed abs(CB)/(e a_min D).
-    Ties go to the first maximum (steps outer, rates inner).
-    """
-    best = (-1.0, math.nan, math.nan)
-    for step in steps:
-        for rate in rates:
-            response = frozen_gate_response(float(step), float(rate), D, B=B, C=C)
-            if response > best[0]:
-                best = (response, float(step), float(rate))
-    return best
-
-
 def _gate(model: SelectiveSSM | SSD) -> tuple[np.ndarray, np.ndarray]:
     # (W_Δ, dt_bias): (d, d), (d,) per channel for a SelectiveSSM; (H, d), (H,) per head for an SSD.
     return _array(model.W_delta), _array(model.dt_bias)
@@ -726,3 +710,325 @@ def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str,
                 norm = initial_gradient_norm(recall_model(kind, task, seed=seed), task, samples=samples, seed=seed)
                 results.append(RecallSignal(kind=kind, distance=D, seed=seed, gradient_norm=norm))
     return results
+
+
+# -- the derivation page's further checks ----------------------------------------------------------
+#
+# Functions added for the profiles page's checks of the derivation page (issue 20): the early steps
+# of an LTI profile, a continuous search of the frozen gate, attention with a position bias,
+# position-wise maps between LTI layers, closing single channels of a selective SSM, and tanh RNNs
+# under switching saturation.
+
+
+def early_steps(norms: Any, rate: float) -> dict[str, float]:
+    """The first m = ⌈1/(1 − ρ)⌉ steps of a profile norms[D] = ‖J_D‖ (D = 0..m at least), ρ = rate < 1.
+
+    What the decay fits of `decay_report` skip: "rising steps", the D in 1..m with
+    norms[D] > norms[D − 1]; "mean log-slope", ln(norms[m] / norms[0]) / m (ln ρ when the profile is
+    one exact exponential); "largest ‖J_D‖/‖J_0‖" over D <= m.
+    """
+    y = _array(norms)
+    m = math.ceil(1 / (1 - rate) - 1e-6)  # ρ = 0.999 (± rounding) gives 1000
+    head = y[: m + 1]
+    return {"radius": float(rate), "ln rho": math.log(rate), "first steps m": m,
+            "rising steps": int((np.diff(head) > 0).sum()), "mean log-slope": float(math.log(head[m] / head[0]) / m),
+            "largest ‖J_D‖/‖J_0‖": float(head.max() / head[0])}
+
+
+def frozen_gate_optimum(D: int, a_min: float, *, starts: int = 8, seed: int = 0, B: float = 1.0,
+                        C: float = 1.0) -> tuple[float, float, float]:
+    """(response, step, rate): the largest `frozen_gate_response` over Δ > 0 and a >= a_min found by
+    Nelder–Mead (scipy) from `starts` random points, D >= 1 ({prf:ref}`prop-frozen-gate` 1).
+
+    No grid and not the maximiser of the proposition: Δ = e^w, a = a_min + v², and the negative log of
+    the lag, −ln|CB| − w + e^w a D, minimised from (w, v) drawn uniformly in [ln 1e-5, ln 10] × [0, 3];
+    the best point's response is read from the lags (`frozen_gate_response`).
+    """
+    from scipy.optimize import minimize
+
+    def loss(z: np.ndarray) -> float:
+        return -math.log(abs(C * B)) - z[0] + math.exp(min(z[0], 50.0)) * (a_min + z[1] ** 2) * D
+
+    rng, best = np.random.default_rng(seed), None
+    for _ in range(starts):
+        z0 = [rng.uniform(math.log(1e-5), math.log(10.0)), rng.uniform(0.0, 3.0)]
+        result = minimize(loss, z0, method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-15, "maxiter": 4000})
+        if best is None or result.fun < best.fun:
+            best = result
+    step, rate = math.exp(best.x[0]), a_min + best.x[1] ** 2
+    return frozen_gate_response(step, rate, D, B=B, C=C), step, rate
+
+
+def with_position_bias(attention: SoftmaxAttention, bias: Any) -> SoftmaxAttention:
+    """A copy of a causal one-or-more-head `attention` with position scores b (n_max,) for every head
+    or (H, n_max): b[ℓ] is added to the score at lag ℓ = i − j ({prf:ref}`cor-attention-price` 2).
+
+    ALiBi (Press et al. 2022) is b[ℓ] = −c ℓ, e.g. `with_position_bias(layer, -c * np.arange(n))`.
+    """
+    b = np.broadcast_to(_array(bias), (attention.H, np.shape(bias)[-1]))
+    return SoftmaxAttention(attention.W_Q.detach(), attention.W_K.detach(), attention.W_V.detach(),
+                            attention.W_O.detach(), position_bias=b.copy(), dtype=attention.dtype)
+
+
+def score_bound(attention: SoftmaxAttention, R: float, *, head: int = 0) -> float:
+    """S = ‖W_Kᵀ W_Q‖₂ R² / √d_k of one head: |content score| <= S on tokens of norm <= R
+    ({prf:ref}`cor-attention-price`)."""
+    W_Q, W_K = _array(attention.W_Q[head]), _array(attention.W_K[head])
+    return float(np.linalg.norm(W_K.T @ W_Q, 2) * R ** 2 / math.sqrt(attention.d_k))
+
+
+def weight_bound(S: float, bias: Any, i: int, j: int) -> float:
+    """ᾱ_ij = 1 / (1 + e^{−2S} Σ_{t <= i, t != j} e^{b[i−t] − b[i−j]}), j < i: the bound on one causal head's
+    weight α_ij over every input with content scores in [−S, S] ({prf:ref}`cor-attention-price`).
+
+    bias: b[ℓ] for lags ℓ = 0..i (zeros: no bias, ᾱ = 1/(1 + i e^{−2S})).
+    """
+    b = _array(bias)[: i + 1]
+    others = np.delete(b, i - j)  # b[i − t] over t != j
+    return float(1.0 / (1.0 + np.exp(np.logaddexp.reduce(others - b[i - j]) - 2 * S)))
+
+
+def standard_score_bounds(d: int, *, head_width: int = 64, seed: Any = 0) -> np.ndarray:
+    """‖Z_Kᵀ Z_Q‖₂ d / √d_k for each of the d // head_width heads (d >= head_width), Z_Q, Z_K (d_k, d) iid
+    N(0, 1), d_k = head_width.
+
+    Times σ² it is a head's S of {prf:ref}`cor-attention-price` for projections with iid N(0, σ²) entries
+    (σ² = 1/d: `SoftmaxAttention.random`; σ = 0.02: GPT-2's) on tokens of norm R = √d (LayerNorm without
+    its affine part). The norm comes from the Cholesky factors L of the Gram matrices Z Zᵀ:
+    Z_Kᵀ Z_Q = Q_K (L_Kᵀ L_Q) Q_Qᵀ with orthonormal Q, so ‖Z_Kᵀ Z_Q‖₂ = ‖L_Kᵀ L_Q‖₂ (d_k × d_k).
+    """
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(d // head_width):
+        Z_Q, Z_K = rng.standard_normal((2, head_width, d))
+        L_Q, L_K = np.linalg.cholesky(Z_Q @ Z_Q.T), np.linalg.cholesky(Z_K @ Z_K.T)
+        values.append(np.linalg.norm(L_K.T @ L_Q, 2) * d / math.sqrt(head_width))
+    return np.array(values)
+
+
+from lib import SequenceMap, batched  # noqa: E402 (kept with the functions below that need them)
+
+_SLOPE_BOUNDS = {"identity": 1.0, "tanh": 1.0, "silu": 1.1}  # sup |φ'|; SiLU's is 1.0998…
+
+
+class PositionWise(SequenceMap):
+    """y_t = gain ⊙ φ(x_t), φ elementwise in {"identity", "tanh", "silu"}, gain (d,): a position-wise map
+    for {prf:ref}`prop-stack-decay` 3, with ‖Dφ(z)‖₂ <= `lipschitz` = max|gain| · sup|φ'| at every z."""
+
+    def __init__(self, gain: Any, kind: str = "tanh", *, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        dims = self.set_parameters(dtype, gain=(np.atleast_1d(_array(gain)), "d"))
+        self.d = self.p = dims["d"]
+        self.kind = kind
+        self.lipschitz = float(np.abs(_array(self.gain)).max()) * _SLOPE_BOUNDS[kind]
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        act = {"identity": lambda z: z, "tanh": torch.tanh, "silu": F.silu}[self.kind]
+        return self.gain * act(X)
+
+
+def mapped_stack(layers: list, maps: list, *, residual: bool = False, before: bool = False) -> Stack:
+    """The stack of {prf:ref}`prop-stack-decay` 3: layer (branch, if residual) q is maps[q] ∘ layers[q]
+    (layers[q] ∘ maps[q] if before)."""
+    pairs = [[m, f] if before else [f, m] for f, m in zip(layers, maps)]
+    return Stack([Stack(pair) for pair in pairs], residual=residual)
+
+
+def mapped_stack_bound(layers: list, lipschitz: Any, n: int, rate: float, *, residual: bool = False) -> np.ndarray:
+    """The bound of {prf:ref}`prop-stack-decay` 3 on ‖J_{i,i−D}‖_F, D = 0..n−1: `stack_decay_bound` with κ_q
+    replaced by λ_q κ_q (λ_q = lipschitz[q]), computed on the LinearSSM layers with C scaled by λ_q."""
+    scaled = [LinearSSM(f.A.detach(), f.B.detach(), lam * f.C.detach()) for f, lam in zip(layers, lipschitz)]
+    return stack_decay_bound(Stack(scaled, residual=residual), n, rate)
+
+
+class GatedLTI(SequenceMap):
+    """y_t = (ssm(X))_t ⊙ (W_g x_t), p = d: an LTI branch times a linear gate (GLU-style; Mamba's z gate
+    without its SiLU). For j < i, J_ij = diag(W_g x_i) L_{i−j}: it grows with x_i, so no bound of the
+    form K γ^{i−j} holds for every input ({prf:ref}`prop-stack-decay`, the remark after it)."""
+
+    def __init__(self, ssm: LinearSSM, W_g: Any) -> None:
+        super().__init__()
+        self.ssm = ssm
+        dims = self.set_parameters(ssm.dtype, {"d": ssm.d}, W_g=(W_g, "d d"))
+        self.d = self.p = dims["d"]
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.ssm(X) * (X @ self.W_g.T)
+
+
+def with_low_rank_step(model: SelectiveSSM, rank: int, *, seed: Any = 0) -> SelectiveSSM:
+    """A copy of `model` whose step projection is W_Δ = W_up W_down of rank `rank`, as in Mamba
+    (dt_proj ∘ x_proj, rank ⌈d_model/16⌉): W_down (rank, d) uniform in ±1/√d, W_up (d, rank)
+    uniform in ±1/√rank (nn.Linear's and Mamba's dt_proj ranges), from a numpy Generator(seed)."""
+    rng = np.random.default_rng(seed)
+    down = rng.uniform(-1, 1, (rank, model.d)) / math.sqrt(model.d)
+    up = rng.uniform(-1, 1, (model.d, rank)) / math.sqrt(rank)
+    return SelectiveSSM(model.A_log, up @ down, model.dt_bias, model.W_B, model.W_C, dtype=model.dtype)
+
+
+def channel_closing_input(model: SelectiveSSM | SSD, n: int, j: int, direction: Any, *, closing: float = 40.0,
+                          seed: Any = 0) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(X, Q): token j then the tokens u = s v (v = direction) that close the channels (heads, for SSD)
+    Q = {q : W_Δ[q, :] v < 0} ({prf:ref}`cor-gate-closing`).
+
+    x_t = 0 for t < j, x_j a seeded N(0, I) token, x_t = u for t > j with the smallest s >= 0 that
+    puts every q in Q at pre-activation W_Δ[q, :] u + b_Δ[q] <= −closing; the other channels' gates
+    are whatever u makes them. Q may be empty (then u = 0).
+    """
+    W, b = _gate(model)
+    v = _array(direction)
+    slope = W @ v
+    closed = tuple(int(q) for q in np.flatnonzero(slope < 0))
+    s = max([0.0] + [(closing + b[q]) / -slope[q] for q in closed])
+    X = np.zeros((n, model.d))
+    X[j] = np.random.default_rng(seed).standard_normal(model.d)
+    X[j + 1:] = s * v
+    return X, closed
+
+
+@dataclass(frozen=True)
+class ChannelClosing:
+    """{prf:ref}`cor-gate-closing` per channel on `channel_closing_input`, at distances D (`channel_closing_check`).
+
+    closed: the closed channels Q; ratio: the largest ‖J_ij[q, :] − J⁰_q‖ over its bound
+    a_max,q D e^{−μ} Σ_k ‖T_{q,k}‖ for q in Q (<= 1 where the corollary holds); spread: the largest
+    relative change of J⁰_q with D (0 predicted); norms: ‖J_{i,i−D}[q, :]‖ per channel, (len(D), d);
+    formula_gap: the largest relative gap between the autograd block and the closed form with its steps.
+    """
+
+    closed: tuple[int, ...]
+    ratio: float
+    spread: float
+    norms: np.ndarray
+    formula_gap: float = 0.0
+
+
+def channel_closing_check(model: SelectiveSSM, n: int, direction: Any, distances: Any, *, closing: float = 40.0,
+                          seed: int = 0) -> ChannelClosing:
+    """Row by row, the autograd Jacobian of a SelectiveSSM on `channel_closing_input` against the
+    closed form of `selective_jacobian` with every accumulated step set to 0 (J⁰_q, from D = first),
+    within the bound of {prf:ref}`cor-gate-closing` (1e-12 ‖J⁰_q‖ of slack for rounding). Every D >= 1."""
+    last, N = n - 1, model.N
+    J0, ratio, spread, norms, closed, formula_gap = {}, 0.0, 0.0, [], (), 0.0
+    for D in distances:
+        X, closed = channel_closing_input(model, n, last - D, direction, closing=closing, seed=seed)
+        path = selective_jacobian(model, X, last, last - D)
+        J = jacobian_blocks(model, X, last)[last - D]
+        formula_gap = max(formula_gap, float(np.linalg.norm(J - path.block) / np.linalg.norm(path.block)))
+        norms.append(np.linalg.norm(J, axis=1))
+        for q in closed:
+            modes = path.modes[q * N:(q + 1) * N, q]           # T_{q,k}, row q only, (N, d)
+            undecayed = modes.sum(0)
+            J0.setdefault(q, undecayed)
+            allowed = path.rates[q * N:(q + 1) * N].max() * D * math.exp(-closing) * np.linalg.norm(modes, axis=1).sum()
+            gap = np.linalg.norm(J[q] - J0[q])
+            ratio = max(ratio, float(gap / (allowed + 1e-12 * np.linalg.norm(J0[q]))))
+            spread = max(spread, float(np.linalg.norm(undecayed - J0[q]) / np.linalg.norm(J0[q])))
+    return ChannelClosing(closed=closed, ratio=ratio, spread=spread, norms=np.array(norms), formula_gap=formula_gap)
+
+
+# -- tanh RNNs: switching saturation and the joint spectral radius of the slope products ----------
+
+
+def _slope_set(W: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    # The nonempty S ⊆ [N] and the matrices P_S W, (2^N − 1, N, N) (S = ∅ gives 0 and never maximises).
+    N = W.shape[0]
+    subsets = [S for size in range(1, N + 1) for S in itertools.combinations(range(N), size)]
+    mats = np.zeros((len(subsets), N, N))
+    for k, S in enumerate(subsets):
+        mats[k][list(S)] = W[list(S)]
+    return subsets, mats
+
+
+@dataclass(frozen=True)
+class SlopeProducts:
+    """The products M_1 ⋯ M_D of M_t ∈ 𝒫 = {P_S W : S ⊆ [N]} ({prf:ref}`prop-rnn-gradient`), D = 0..length.
+
+    norms[D] = π_D = max ‖M_1 ⋯ M_D‖₂ (π_0 = 1), worst[D] its sets (S_1, …, S_D), the leftmost
+    first; lower = max over D of the largest ρ(M_1 ⋯ M_D)^{1/D} (<= the joint spectral radius ρ̂ of 𝒫),
+    upper = min over D of π_D^{1/D} (>= ρ̂); cycle, the sets of the product attaining `lower`.
+    """
+
+    norms: np.ndarray
+    worst: list
+    lower: float
+    upper: float
+    cycle: tuple
+
+    def bound(self, D: int) -> float:
+        """π̄_D >= π_D for any D >= 0, by submultiplicativity: π_m^{⌊D/m⌋} π_{D mod m}, m = length."""
+        m = len(self.norms) - 1
+        return float(self.norms[m] ** (D // m) * self.norms[D % m])
+
+
+def slope_products(rnn: Any, length: int) -> SlopeProducts:
+    """`SlopeProducts` of an ElmanRNN's W by enumerating all (2^N − 1)^D products for D <= length.
+
+    Exact and exponential: keep (2^N − 1)^length small (N = 2, length 12: 5·10^5 products).
+    """
+    subsets, mats = _slope_set(_array(rnn.W))
+    norms, worst, lower, cycle = [1.0], [()], 0.0, ()
+    products, index = np.eye(rnn.N)[None], np.zeros((1, 0), dtype=int)
+    for D in range(1, length + 1):
+        products = np.einsum("kab,pbc->kpac", mats, products).reshape(-1, rnn.N, rnn.N)
+        index = np.concatenate([np.repeat(np.arange(len(subsets)), len(index))[:, None],
+                                np.tile(index, (len(subsets), 1))], axis=1)
+        spectral = np.linalg.norm(products, 2, axis=(1, 2))
+        best = int(spectral.argmax())
+        norms.append(float(spectral[best]))
+        worst.append(tuple(subsets[k] for k in index[best]))
+        radii = np.abs(np.linalg.eigvals(products)).max(axis=1) ** (1 / D)
+        if radii.max() > lower * (1 + 1e-12):
+            lower, cycle = float(radii.max()), tuple(subsets[k] for k in index[int(radii.argmax())])
+    upper = min(norms[D] ** (1 / D) for D in range(1, length + 1))
+    return SlopeProducts(norms=np.array(norms), worst=worst, lower=lower, upper=upper, cycle=cycle)
+
+
+def switching_saturation_input(rnn: Any, sets: Any, *, saturation: float = 20.0) -> np.ndarray:
+    """An input (n, d), n = len(sets), with pre-activation z_t = 0 on sets[t] and `saturation` off it.
+
+    {prf:ref}`prop-rnn-gradient` 2: x_0 = U⁺z*_0, x_t = U⁺(z*_t − W tanh z*_{t−1}), so Φ_t =
+    P_{S_t} + sech²(saturation) P_{S_t^c} at every t. ValueError unless U (N, d) has full row rank.
+    """
+    W, U = _array(rnn.W), _array(rnn.U)
+    targets = np.full((len(sets), rnn.N), saturation)
+    for t, S in enumerate(sets):
+        targets[t, list(S)] = 0.0
+    problem = f"rnn.U (shape {U.shape}) must have full row rank N = {rnn.N}"
+    previous = np.vstack([np.zeros(rnn.N), np.tanh(targets[:-1])])
+    return np.stack([_solve(U, z - W @ s, problem) for z, s in zip(targets, previous)])
+
+
+def alternating_saturation_input(rnn: Any, n: int, cycle: Any = None, *, saturation: float = 20.0,
+                                 length: int = 4) -> np.ndarray:
+    """The switching-saturation input (n, d) that repeats `cycle` backwards from the last position:
+    S_{n−1−m} = cycle[m mod k] (k = len(cycle)), so the Jacobian of the last output at distance D
+    tends to C (P_{cycle[0]} W)(P_{cycle[1]} W) ⋯ P_{cycle[D mod k]} U as saturation grows.
+
+    cycle: default `slope_products(rnn, length).cycle`, the product of period <= length with the
+    largest ρ^{1/k}: the RNN's Jacobian grows on this input iff that rate exceeds 1 (the input of the
+    reach page's adversarial search; {prf:ref}`prop-rnn-gradient`). For W = [[0.9, 1.5], [−1, −0.9]]
+    it is ({0}, {1}): the saturated coordinate alternates.
+    """
+    cycle = slope_products(rnn, length).cycle if cycle is None else tuple(cycle)
+    sets = [cycle[(n - 1 - t) % len(cycle)] for t in range(n)]
+    return switching_saturation_input(rnn, sets, saturation=saturation)
+
+
+def prescribed_jacobian(rnn: Any, sets: Any, i: int, j: int, *, saturation: float = 20.0) -> np.ndarray:
+    """C Φ_i W Φ_{i−1} ⋯ W Φ_j U with Φ_t = P_{S_t} + sech²(saturation) P_{S_t^c}, S_t = sets[t]: the
+    Jacobian that {prf:ref}`prop-rnn-gradient` 2 predicts on `switching_saturation_input`, from the
+    prescribed slopes (no run of the network), shape (p, d)."""
+    W, U, C = _array(rnn.W), _array(rnn.U), _array(rnn.C)
+
+    def slopes(S):
+        phi = np.full(rnn.N, 1.0 / math.cosh(saturation) ** 2)
+        phi[list(S)] = 1.0
+        return phi[:, None]
+
+    M = slopes(sets[j]) * U
+    for t in range(j + 1, i + 1):
+        M = slopes(sets[t]) * (W @ M)
+    return C @ M

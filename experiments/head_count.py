@@ -98,6 +98,108 @@ def sampled_head_errors(ssm: Any, n: int, heads: Iterable[int], samples: int, *,
     return errors.mean(axis=1), errors.std(axis=1, ddof=1) / math.sqrt(samples)
 
 
+def operator_head_errors(ssm: Any, n: int, H_max: int) -> np.ndarray:
+    """Σ_{q>H} σ_q(F)², H = 0..H_max, for F (n², pd) the rows vec 𝒲_ij(ᵀ) of the map's operator over all pairs.
+
+    𝒲 is read off the forward pass on the n·d unit impulses (token e_b at position j): no lags,
+    no lag matrix, no `min_heads`. By Eckart–Young these are the least errors of H heads with
+    input-independent coefficients (the proof of {prf:ref}`thm-approx-head-count` before its
+    last step, FᵀF = GᵀG); entry 0 is the output energy Σ_ij ‖𝒲_ij‖²_F.
+    """
+    d, p = ssm.d, ssm.p
+    impulses = torch.eye(n * d, dtype=torch.float64).reshape(n * d, n, d)  # row j·d + b: e_b at position j
+    with torch.no_grad():
+        Y = ssm(impulses).numpy(force=True)                                # Y[j·d + b, i, a] = 𝒲_ij[a, b]
+    F = Y.reshape(n, d, n, p).transpose(2, 0, 3, 1).reshape(n * n, p * d)
+    return _tails(np.linalg.svd(F, compute_uv=False) ** 2, H_max)
+
+
+# -- value maps of bounded rank ({prf:ref}`prop-rank-limited-heads`) -----------------------------
+
+
+def _weighted_lags(ssm: Any, n: int) -> np.ndarray:
+    # G, (n, pd): rows √(n − ℓ) vec L_ℓ.
+    lags = ssm.lags(n).numpy(force=True).reshape(n, -1)
+    return lags * np.sqrt(np.arange(n, 0, -1.0))[:, None]
+
+
+def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
+    """Σ_ℓ (n − ℓ) dist(L_ℓ, span{V_h})²_F: the least Σ_i E‖y_i − ŷ_i‖² of heads with value maps V (H, p, d).
+
+    Over all input-independent coefficients, on tokens with E[x_j x_j'ᵀ] = δ_jj' I (the proof of
+    {prf:ref}`thm-approx-head-count`: for fixed values the best coefficients project every lag
+    on their span). The span is taken from an SVD of the maps (cut at 1e-13 of the largest
+    singular value), so badly scaled or nearly parallel maps are fine.
+    """
+    G = _weighted_lags(ssm, n)
+    V = values.reshape(len(values), -1).T  # (pd, H)
+    if V.size == 0 or not np.abs(V).max() > 0:
+        return float((G ** 2).sum())
+    left, sigma, _ = np.linalg.svd(V / np.abs(V).max(), full_matrices=False)
+    basis = left[:, sigma > 1e-13 * sigma[0]]
+    return float(((G - (G @ basis) @ basis.T) ** 2).sum())
+
+
+def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: int = 50, seed: Any = 0,
+                            max_iter: int = 1000) -> float:
+    """The least Σ_i E‖y_i − ŷ_i‖² an optimiser finds for H heads whose value maps have rank <= `rank`.
+
+    V_h = P_h Q_h with P_h (p, rank), Q_h (rank, d); input-independent coefficients, eliminated by
+    projection (`value_span_error`). One L-BFGS run (strong Wolfe, up to max_iter iterations) on
+    the sum over `restarts` Gaussian starts (default_rng(seed)), the best kept. It stops at or
+    above the least error, and approaches an infimum that is not attained only slowly
+    ({prf:ref}`prop-rank-limited-heads`).
+    """
+    G = _weighted_lags(ssm, n)
+    p, d = ssm.p, ssm.d
+    energy = float((G ** 2).sum())
+    if H == 0 or energy == 0:
+        return energy
+    rows = torch.tensor(G / math.sqrt(energy))
+    rng = np.random.default_rng(seed)
+    P = torch.tensor(rng.standard_normal((restarts, H, p, rank)), requires_grad=True)
+    Q = torch.tensor(rng.standard_normal((restarts, H, rank, d)), requires_grad=True)
+    optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-14,
+                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+
+    def errors() -> torch.Tensor:
+        basis = torch.linalg.qr((P @ Q).reshape(restarts, H, p * d).transpose(1, 2))[0]  # (R, pd, H)
+        return 1.0 - ((rows @ basis) ** 2).sum((1, 2))
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = errors().sum()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    with torch.no_grad():
+        best = float(errors().min())
+    return max(best, 0.0) * energy
+
+
+ROTATION_SCALINGS = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, -1.0], [1.0, 0.0]]])  # I, J
+
+
+def rank_one_pair(ssm: Any, n: int, t: float) -> np.ndarray:
+    """Two rank-one value maps (2, 2, 2) whose span S_t tends, as t → 0, to span{v_1, (v_2 + w)/√2}.
+
+    For a 2 × 2 SSM whose lags are rotation–scalings: v_1, v_2 the top right singular vectors of G
+    (reshaped; they lie in span{I, J}), w = diag(1, −1)/√2 ⟂ span{I, J}. The maps are
+    m = (v_2 + w)/√2 and v_1 + t w + c m with c = (1 − t²)/(√2 t), both of rank one (det = 0);
+    the infimum σ_2(G)²/2 of {prf:ref}`prop-rank-limited-heads` is their error's limit.
+    """
+    v = np.linalg.svd(_weighted_lags(ssm, n))[2][:2].reshape(2, 2, 2)
+    w = np.diag([1.0, -1.0]) / math.sqrt(2)
+    m = (v[1] + w) / math.sqrt(2)
+    return np.stack([m, v[0] + t * w + (1 - t * t) / (math.sqrt(2) * t) * m])
+
+
+def rank_one_triple() -> np.ndarray:
+    """E_11, E_22 and [[1, −1], [1, −1]]: three rank-one value maps whose span contains I and J."""
+    return np.array([[[1.0, 0.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, -1.0], [1.0, -1.0]]])
+
+
 # -- the map level: heads with token-dependent coefficients -------------------------------------
 
 
@@ -208,14 +310,50 @@ def nonsingular_values(p: int, d: int) -> np.ndarray:
     return min(candidates + [polynomial_values(p, d)], key=len)
 
 
+def hopf_stiefel_number(p: int, d: int) -> int:
+    """p∘d, the least m with the binomial coefficient C(m, k) even for every k with m − p < k < d.
+
+    The Hopf–Stiefel condition: a nonsingular bilinear map ℝ^p × ℝ^d → ℝ^m exists only if m >= p∘d
+    (Hopf 1940, Stiefel 1940), so ν(p, d) >= p∘d ({prf:ref}`cor-map-level-exact`). Symmetric in
+    p and d (k ↦ m − k); m < max(p, d) always fails (k = m or k = 0 is in the range, C = 1).
+    """
+    m = 1
+    while any(math.comb(m, k) % 2 for k in range(max(m - p + 1, 0), d)):
+        m += 1
+    return m
+
+
+def truncated_binomial_vanishes(p: int, d: int, m: int) -> bool:
+    """Whether (x + y)^m = 0 in 𝔽_2[x, y]/(x^p, y^d), by m multiplications by x + y mod 2.
+
+    The form in which Hopf's proof meets the condition (the cohomology ring of ℝP^{p−1} × ℝP^{d−1}
+    mod 2); no binomial coefficient is computed, so it is an independent route to
+    `hopf_stiefel_number`: that number is the least m for which this is True.
+    """
+    power = np.zeros((p, d), dtype=np.uint8)
+    power[0, 0] = 1
+    for _ in range(m):
+        product = np.zeros_like(power)
+        product[1:, :] ^= power[:-1, :]  # · x
+        product[:, 1:] ^= power[:, :-1]  # · y
+        power = product
+    return not power.any()
+
+
+def elementary_nonsingular_bound(p: int, d: int) -> int:
+    """max(p, d), plus 1 when max(p, d) is odd and min(p, d) >= 2: the lower bound on ν(p, d) of
+    {prf:ref}`lem-odd-nonsingular` (the cases k = 1 and k = m − 1 of the Hopf–Stiefel condition)."""
+    big, small = max(p, d), min(p, d)
+    return big + (1 if big % 2 and small >= 2 else 0)
+
+
 def nonsingular_dimension_bounds(p: int, d: int) -> tuple[int, int]:
     """(lower, upper) bounds on ν(p, d), the least size of a nonsingular family.
 
-    lower = max(p, d), plus 1 when max(p, d) is odd and min(p, d) >= 2 ({prf:ref}`lem-odd-nonsingular`);
-    upper = len(nonsingular_values(p, d)).
+    lower = `hopf_stiefel_number(p, d)`; upper = len(nonsingular_values(p, d)). They meet for
+    every p, d <= 8 ({prf:ref}`cor-map-level-exact`).
     """
-    big, small = max(p, d), min(p, d)
-    return big + (1 if big % 2 and small >= 2 else 0), len(nonsingular_values(p, d))
+    return hopf_stiefel_number(p, d), len(nonsingular_values(p, d))
 
 
 def composition_defect(values: np.ndarray) -> float:
@@ -284,9 +422,17 @@ def map_head_bounds(ssm: Any, n: int, *, seed: Any = 0, rtol: float = 1e-10) -> 
     return k, max(r, nu_lower) if k == ssm.p * ssm.d else r, min(k, nu_upper)
 
 
-def _bisect_singular(V: np.ndarray, u0: np.ndarray, direction: np.ndarray | None) -> np.ndarray:
-    # Square B(u) (H = p odd): det B(−u) = −det B(u), so det changes sign on the half circle
-    # cos θ u_0 + sin θ w, θ ∈ [0, π]; bisection finds a unit u with det B(u) = 0 to rounding.
+def half_circle_bisection(values: np.ndarray, start: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
+    """The unit token where det B(u) changes sign on the half great circle cos θ u_0 + sin θ w, θ ∈ [0, π].
+
+    For square B(u) (V of shape (p, p, d), d >= 2), u_0 = start/‖start‖ and w the unit part of
+    `direction` (default: the basis vector least aligned with u_0) orthogonal to u_0; bisection on θ
+    keeps a sign change of det B in its bracket. For p odd, det B(−u) = −det B(u), so there is
+    one, and the token found has rank B(u) < p to rounding ({prf:ref}`lem-odd-nonsingular`). For p
+    even nothing forces a sign change: where det B keeps its sign (a nonsingular family) the
+    bisection runs to the far end, −u_0, and B there has full rank.
+    """
+    u0 = start / np.linalg.norm(start)
     w = np.eye(len(u0))[np.argmin(np.abs(u0))] if direction is None else direction
     w = w - (w @ u0) * u0
     w /= np.linalg.norm(w)
@@ -295,7 +441,7 @@ def _bisect_singular(V: np.ndarray, u0: np.ndarray, direction: np.ndarray | None
         return math.cos(theta) * u0 + math.sin(theta) * w
 
     def det(theta: float) -> float:
-        return float(np.linalg.det(token_matrix(V, point(theta))))
+        return float(np.linalg.det(token_matrix(values, point(theta))))
 
     low, high, f_low = 0.0, math.pi, det(0.0)
     if f_low == 0.0:
@@ -313,25 +459,56 @@ def _bisect_singular(V: np.ndarray, u0: np.ndarray, direction: np.ndarray | None
 def singular_token(values: np.ndarray, start: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
     """A unit token u (d,) with rank [V_1 u, …, V_H u] < p ({prf:ref}`lem-odd-nonsingular`), for V (H, p, d).
 
-    It exists when H < max(p, d), or H = max(p, d) odd and min(p, d) >= 2:
+    Only where the lemma guarantees one: H < max(p, d), or H = max(p, d) odd and min(p, d) >= 2:
     - H < p: u = start; H < d: u ⟂ the rows yᵀ V_h for y = start, so y ⟂ every V_h u;
-    - H = p odd, d >= 2: bisection on det B(u), an odd form, along the half great circle from
-      u_0 = start towards `direction` (default: the basis vector least aligned with start);
+    - H = p odd, d >= 2: `half_circle_bisection` from u_0 = start towards `direction`;
     - H = d odd, p >= 2: the same for the family V_hᵀ gives y, then u as for H < d.
+    ValueError elsewhere (p even, for instance, where nonsingular families with H = p exist);
+    `search_singular_token` covers the sizes the Hopf–Stiefel condition adds.
     start (non-zero): shape (d,) when H <= p, else (p,); direction: the shape of start.
     """
     H, p, d = values.shape
     if H < p or (H == p and p % 2 == 1 and d >= 2):
-        u0 = start / np.linalg.norm(start)
-        return u0 if H < p else _bisect_singular(values, u0, direction)
+        return start / np.linalg.norm(start) if H < p else half_circle_bisection(values, start, direction)
     if H < d or (H == d and d % 2 == 1 and p >= 2):
         y = start / np.linalg.norm(start)
         if H == d:
-            y = _bisect_singular(values.transpose(0, 2, 1).copy(), y, direction)
+            y = half_circle_bisection(values.transpose(0, 2, 1).copy(), y, direction)
         u = np.linalg.svd(np.einsum("a,hab->hb", y, values))[2][-1]  # the null vector of the rows yᵀ V_h
         return u / np.linalg.norm(u)
     raise ValueError(f"values of shape {values.shape} need H < max(p, d), or H = p odd with d >= 2, or "
-                     "H = d odd with p >= 2, for a rank-deficient token to be guaranteed")
+                     "H = d odd with p >= 2, for a rank-deficient token to be guaranteed by the lemma")
+
+
+def search_singular_token(values: np.ndarray, restarts: int = 20, iterations: int = 60, *,
+                          seed: Any = 0) -> np.ndarray:
+    """The unit token u (d,) with the smallest σ_p([V_1 u, …, V_H u]) found by a search, for V (H, p, d).
+
+    Gauss–Newton on the H bilinear equations yᵀ V_h u = 0 over unit y ∈ ℝ^p, u ∈ ℝ^d (steps in the
+    tangent spaces, then renormalised), from `restarts` Gaussian starts (default_rng(seed)),
+    `iterations` steps each. A search, not a proof: it finds a rank-deficient token where one
+    exists and is reached from some start (the Hopf–Stiefel condition guarantees one when
+    H < hopf_stiefel_number(p, d)); for a nonsingular family it cannot, and σ_p stays away from 0.
+    """
+    H, p, d = values.shape
+    rng = np.random.default_rng(seed)
+    best, best_sigma = None, np.inf
+    for _ in range(restarts):
+        y, u = rng.standard_normal(p), rng.standard_normal(d)
+        y, u = y / np.linalg.norm(y), u / np.linalg.norm(u)
+        for _ in range(iterations):
+            residual = np.einsum("a,hab,b->h", y, values, u)
+            tangent_y, tangent_u = np.eye(p) - np.outer(y, y), np.eye(d) - np.outer(u, u)
+            jacobian = np.concatenate([np.einsum("hab,b->ha", values, u) @ tangent_y,
+                                       np.einsum("a,hab->hb", y, values) @ tangent_u], axis=1)
+            step = np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
+            y, u = y + tangent_y @ step[:p], u + tangent_u @ step[p:]
+            y, u = y / np.linalg.norm(y), u / np.linalg.norm(u)
+        sigma = np.linalg.svd(token_matrix(values, u), compute_uv=False)
+        smallest = sigma[p - 1] if len(sigma) >= p else 0.0
+        if smallest < best_sigma:
+            best, best_sigma = u, smallest
+    return best
 
 
 def token_miss(ssm: Any, n: int, values: np.ndarray, token: np.ndarray, rtol: float = 1e-10) -> float:
@@ -389,6 +566,66 @@ def continuous_head_errors(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: f
     gamma = R.T @ (T * _phi2((mu[:, None] + mu.conj()[None, :]) * T)) @ R.conj()
     eigenvalues = np.clip(np.linalg.eigvalsh(((gamma + gamma.conj().T) / 2).real)[::-1], 0.0, None)
     return _tails(eigenvalues, H_max)
+
+
+def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float) -> float:
+    """(T M̄ / (‖K(0)‖_F − T M̄))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T M̄ >= ‖K(0)‖_F).
+
+    On Σ_{q>1} σ_q(G_n)² / ‖G_n‖²_F, the relative least error of one head, for ZOH with any n and
+    Δ = T/n. M̄ = ‖C A_c‖₂ ‖B_c‖_F max(1, e^{T μ}), μ = λ_max((A_c + A_cᵀ)/2), bounds
+    M_T = max_{t<=T} ‖C A_c e^{t A_c} B_c‖_F from above (‖e^{tA_c}‖₂ <= e^{tμ}).
+    """
+    K0 = float(np.linalg.norm(C @ B_c))
+    mu = float(np.linalg.eigvalsh((A_c + A_c.T) / 2).max())
+    M = float(np.linalg.norm(C @ A_c, 2) * np.linalg.norm(B_c)) * max(1.0, math.exp(T * mu))
+    return (T * M / (K0 - T * M)) ** 2 if T * M < K0 else math.inf
+
+
+def short_window_threshold(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, eps: float) -> float:
+    """The largest T with `short_window_bound` <= eps (bisection; the bound grows with T): for every
+    window up to it, and every n, one head reaches relative squared error eps
+    ({prf:ref}`prop-heads-needed-short-window`). 0 if CB_c = 0."""
+    if not np.linalg.norm(C @ B_c) > 0:
+        return 0.0
+    low, high = 0.0, 1.0
+    while short_window_bound(A_c, B_c, C, high) <= eps:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if short_window_bound(A_c, B_c, C, middle) <= eps else (low, middle)
+    return low
+
+
+# -- softmax heads at the level of maps ({prf:ref}`prop-softmax-map-obstruction`) ---------------
+
+
+def softmax_heads(scores: torch.Tensor, values: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """y_i = Σ_h Σ_{j<=i} softmax_j(s^h_ij) V_h x_j for given scores (H, n, n) or (b, H, n, n), V (H, p, d).
+
+    Causal softmax heads with arbitrary real scores (above the diagonal ignored), the model of
+    {prf:ref}`prop-softmax-map-obstruction`; X (b, n, d) → (b, n, p).
+    """
+    n = X.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=X.device).tril()
+    weights = torch.softmax(scores.masked_fill(~causal, -math.inf), dim=-1)
+    return torch.einsum("...hij,hpd,bjd->bip", weights, values, X)
+
+
+def memoryless_softmax_heads(L0: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (2, n, n) and values (2, p, d) of two causal softmax heads that compute y_i = L_0 x_i.
+
+    V_1 = 2 L_0, V_2 = −L_0; head 1 puts weight 3/4 on j = i and 1/(4(i − 1)) on each j < i, head 2
+    1/2 and 1/(2(i − 1)): 2α¹ − α² is the identity ({prf:ref}`prop-softmax-map-obstruction`, part 3).
+    Scores are the logarithms of the weights (finite, input-independent, depending on i and j).
+    """
+    i = np.arange(1, n + 1)[:, None]
+    past = np.maximum(i - 1, 1)
+    first = np.where(np.eye(n, dtype=bool), np.where(i > 1, 0.75, 1.0), 1 / (4 * past))
+    second = np.where(np.eye(n, dtype=bool), np.where(i > 1, 0.5, 1.0), 1 / (2 * past))
+    scores = np.log(np.stack([first, second]))
+    return scores, np.stack([2 * L0, -L0])
 
 
 # -- training: error against head count ---------------------------------------------------------

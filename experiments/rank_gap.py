@@ -2,7 +2,7 @@
 token-dependent coefficients.
 
 {prf:ref}`lem-pointwise-multiple` (`sine_to_line`, `pointwise_multiple`, `pointwise_witness`),
-{prf:ref}`thm-rank-gap-map` (`single_head_witness`) and
+{prf:ref}`thm-rank-gap` (`two_sided_gap`), {prf:ref}`thm-rank-gap-map` (`single_head_witness`) and
 {prf:ref}`prop-single-head-generic-inputs` (`token_dependent_single_head`, `span_distances`).
 Arrays are float64 numpy; `ssm` is a lib model with `lags(n)` (a LinearSSM).
 """
@@ -145,3 +145,13 @@ def span_distances(Y: np.ndarray, X: np.ndarray, V: np.ndarray | None = None, rt
         residual = Y[:, i] - np.einsum("bpj,bj->bp", basis, np.einsum("bpj,bp->bj", basis, Y[:, i]))
         distances[:, i] = (residual ** 2).sum(1)
     return distances
+
+
+def two_sided_gap(found: np.ndarray, least: np.ndarray) -> tuple[float, float]:
+    """(below, above): the largest (1 − found/least)₊ and (found/least − 1)₊ over the rows of found
+    (m, r) (errors found by r optimisers) against the least errors least (m,), e.g. σ₂(G)² of
+    {prf:ref}`thm-rank-gap`. below > 0 contradicts the bound (possible only through an error in the
+    fit or the bound: one-sided); above > 0 means the bound was not reached, which also catches a
+    bound that is too small."""
+    ratio = np.asarray(found, float) / np.asarray(least, float)[:, None]
+    return float(np.clip(1 - ratio, 0, None).max()), float(np.clip(ratio - 1, 0, None).max())

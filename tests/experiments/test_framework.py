@@ -101,11 +101,11 @@ class Planted(LinearSSM):
         return self.factors[1] * super().forward(X)
 
 
-def lti_checks(ssm, lti_rank=4):
+def lti_checks(ssm, lti_rank=4, extra_ranks=()):
     zoo = [DENSE, (LTI[0], LTI[1], ssm)]
     families = ref.input_families(10, 4, np.random.default_rng(5), batch=2)
     inputs = np.random.default_rng(6).standard_normal((4, 10, 4))
-    ranks = fw.rank_rows(zoo, {DENSE[0]: 1, LTI[0]: lti_rank}, inputs)
+    ranks = fw.rank_rows(zoo, {DENSE[0]: 1, LTI[0]: lti_rank}, inputs) + list(extra_ranks)
     return {label: (value, tol) for label, value, tol, _ in
             fw.proposition_checks(fw.agreement_rows(zoo, families), ranks)}
 
@@ -190,3 +190,61 @@ def test_prop_factorized_rank_misses_are_counted():
     assert fw.factorized_rank_misses([{**row, "dim span{V_h}": 1, "measured": 1}]) == 0  # dependent: ≤ only
     assert fw.factorized_rank_misses([{**row, "dim span{α_ij(X)}": 3, "measured": 3}]) == 1  # above H
 
+
+
+# -- prop-lti-ssm: k by a route without lags ------------------------------------------------------
+
+HAND_K = {"double eigenvalues ±0.5 (m_A = 2)": 2, "Jordan block, λ = 0.7 (m_A = 4)": 4,
+          "diagonal A, one mode not driven": 3, "rank-one B and C": 1, "nilpotent shift, p = d = 1": 1,
+          "C = 0": 0, "N = 8, p = d = 2, ρ(A) = 0.99": 4}
+
+
+def lti_rank_rows(measure=interaction_rank, seed=3):
+    systems = fw.lti_rank_systems(np.random.default_rng(seed))
+    draw = np.random.default_rng(seed + 1).standard_normal
+    return fw.lti_rank_rows(systems, {w: draw((2, 9, w)) for w in (1, 2, 4)}, measure)
+
+
+def test_prop_lti_ssm_resolvent_rank_is_the_k_worked_out_by_hand():
+    # Double eigenvalues: m_A = 2 bounds k; an undriven mode drops one; rank-one B, C: every lag
+    # is a multiple of c aᵀ; p = d = 1 and N > pd: k = pd (generic parameters: almost surely).
+    for seed in range(3):
+        rows = lti_rank_rows(seed=seed)
+        assert {r["system"]: r["k (resolvents)"] for r in rows} == HAND_K
+        assert all(r["holds"] for r in rows)
+
+
+@pytest.mark.parametrize("N", [1, 4, 8, 12])
+def test_prop_lti_ssm_resolvent_rank_equals_the_rank_of_the_lags_near_the_unit_circle(N):
+    for seed in range(3):
+        A, B, C = (getattr(LinearSSM.random(N, 4, 4, spectral_radius=0.99, seed=seed), x).numpy(force=True)
+                   for x in "ABC")
+        lags = np.stack([C @ np.linalg.matrix_power(A, ell) @ B for ell in range(N + 4)])
+        assert fw.resolvent_rank(A, B, C) == ref.numerical_rank(lags) == min(N, 16)
+
+
+def test_prop_lti_ssm_rank_rows_fail_on_a_planted_operator_and_on_the_generic_value():
+    def perturbed(model, X):  # lib's rank of A + 1e-3 E: the double eigenvalues split
+        E = torch.from_numpy(np.random.default_rng(0).standard_normal(model.A.shape))
+        return interaction_rank(LinearSSM(model.A.detach() + 1e-3 * E, model.B.detach(), model.C.detach()), X)
+
+    def generic(model, X):
+        return min(model.N, X.shape[1], model.p * model.d)
+
+    for wrong, misses in ((perturbed, 2), (generic, 4)):
+        rows = lti_rank_rows(wrong)
+        assert sum(not r["holds"] for r in rows) >= misses
+    ranks = lti_rank_rows(generic)
+    value, tol = lti_checks(Planted(), extra_ranks=ranks)["prop-lti-ssm"]
+    assert value >= 4 > tol
+
+
+def test_a_mamba_like_step_projection_is_outside_the_exactness_hypothesis(inputs):
+    [(_, _, selective)] = [a for a in ZOO if a[1] == "prop-selective-ssm"]
+    low = fw.with_step_rank(selective, 1)
+    W = selective.W_delta.numpy(force=True)
+    assert np.linalg.matrix_rank(low.W_delta.numpy(force=True)) == 1
+    sigma = np.linalg.svd(W, compute_uv=False)
+    assert np.linalg.norm(low.W_delta.numpy(force=True) - W, 2) == pytest.approx(sigma[1], rel=1e-12)
+    assert fw.predicted_rank(low, inputs)[:2] == ("≤", 4) and fw.predicted_rank(selective, inputs)[:2] == ("=", 4)
+    assert interaction_rank(low, inputs) <= 4

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiments.rank_gap import (pointwise_multiple, pointwise_witness, sine_to_line, single_head_witness,
-                                  span_distances, token_dependent_single_head)
-from lib import LinearSSM, min_heads, truncated_heads
+                                  span_distances, token_dependent_single_head, two_sided_gap)
+from lib import (SSD, LinearSSM, RelativeHeads, SoftmaxAttention, fit_heads, interaction_rank, min_heads,
+                 truncated_heads)
 
 
 def lags_np(ssm, n):
@@ -317,3 +318,43 @@ def test_prop_single_head_generic_inputs_causal_error_only_before_position_d():
     assert token_dependent_single_head(ssm, X, V, causal=False)[0].max() <= 1e-22 * scale
     low = token_dependent_single_head(ssm, X, np.diag([1.0, 1.0, 0.0]), causal=False)[0]
     assert low.mean() > 1e-3 * (Y ** 2).sum(2).mean()
+
+
+def test_prop_single_head_generic_inputs_causal_error_is_the_distance_to_V_S_i_not_S_i():
+    # Part 1 with V ≠ I: the causal head's least error at i < d is dist(y_i, V S_i)², here by QR of
+    # V x_1..V x_i; dist(y_i, S_i)² is another number.
+    ssm, n, d = LinearSSM.random(4, 3, 3, seed=5), 6, 3
+    X = np.random.default_rng(3).standard_normal((20, n, d))
+    V = np.random.default_rng(4).standard_normal((3, 3))
+    errors, Y, _ = token_dependent_single_head(ssm, X, V)
+    for b in range(5):
+        for i in range(d - 1):
+            Q = np.linalg.qr(V @ X[b, : i + 1].T)[0]
+            assert errors[b, i] == pytest.approx(((Y[b, i] - Q @ Q.T @ Y[b, i]) ** 2).sum(), rel=1e-9)
+    np.testing.assert_allclose(span_distances(Y, X, V)[:, :2], errors[:, :2], rtol=1e-9)
+    assert np.median(np.abs(span_distances(Y, X)[:, :2] / errors[:, :2] - 1)) > 1e-2
+
+
+# -- thm-rank-gap: its check is two-sided, and single heads have rank exactly 1 -------------------
+
+
+def test_thm_rank_gap_two_sided_gap_catches_a_bound_off_either_way():
+    ssm, n = LinearSSM.damped_rotation(0.9, 0.6), 8
+    G = lags_np(ssm, n) * np.sqrt(n - np.arange(n))[:, None, None]
+    sigma_2_squared = np.linalg.svd(G.reshape(n, -1), compute_uv=False)[1] ** 2   # numpy, not lib
+    found = np.array([[fit_heads(ssm, n, 1, method=m, seed=0)[0] for m in ("lbfgs", "als")]])
+    below, above = two_sided_gap(found, np.array([sigma_2_squared]))
+    assert max(below, above) < 1e-9
+    assert two_sided_gap(found, np.array([1.001 * sigma_2_squared]))[0] > 9e-4     # a bound too large
+    assert two_sided_gap(found, np.array([0.999 * sigma_2_squared]))[1] > 9e-4     # a bound too small
+    assert two_sided_gap(np.array([[1.0, 1.0]]), np.array([1e-300]))[1] > 1e6     # σ₂ = 0: "one head"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thm_rank_gap_random_single_heads_have_interaction_rank_exactly_one(seed):
+    n = 8
+    X = np.random.default_rng(seed).standard_normal((4, n, 2))
+    heads = [SoftmaxAttention.random(2, 2, 1, seed=seed), SSD.random(2, 2, N=4, heads=1, seed=seed),
+             RelativeHeads.random(1, n, 2, 2, seed=seed)]
+    assert [interaction_rank(head, X) for head in heads] == [1, 1, 1]
+    assert min_heads(LinearSSM.damped_rotation(0.9, 0.6), n) == 2

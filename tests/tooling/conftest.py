@@ -99,11 +99,11 @@ CLAIM_TESTS = ("def test_thm_good_holds():\n    pass\n\n"
                "def test_prop_broken_is_asserted():\n    pass\n\n"
                "def test_cor_unchecked_is_asserted():\n    pass\n")
 CLAIM_NOTES = {"claims": {
-    "thm-good": {"source": "precise", "summary": "It holds."},
-    "prop-broken": {"source": "extension", "summary": "It breaks."},
-    "lem-untested": {"source": "extension", "summary": "Untested."},
-    "cor-unchecked": {"source": "extension", "summary": "Unchecked."},
-    "thm-gone": {"source": "extension", "summary": "No such claim."}}}
+    "thm-good": {"source": "precise", "summary": "It holds.", "verifies": "formula"},
+    "prop-broken": {"source": "extension", "summary": "It breaks.", "verifies": "cases"},
+    "lem-untested": {"source": "extension", "summary": "Untested.", "verifies": {"demo": "estimate"}},
+    "cor-unchecked": {"source": "extension", "summary": "Unchecked.", "verifies": "bound"},
+    "thm-gone": {"source": "extension", "summary": "No such claim.", "verifies": "formula"}}}
 
 needs_chromium = pytest.mark.skipif(find_chromium() is None or shutil.which("pdftoppm") is None,
                                     reason="Chromium and pdftoppm (poppler-utils) needed")

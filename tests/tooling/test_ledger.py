@@ -8,6 +8,7 @@ import yaml
 from bookbuild.audit import audit_ledger
 from bookbuild.book import Book
 from bookbuild.ledger import assemble, claims_from_site, ledger_inputs, match_tests
+from bookbuild.sphinx_ext import ledger_line, status_table
 
 from .conftest import CLAIM_NOTES, CLAIM_TESTS, CLAIMS_PAGE, copy_book
 
@@ -53,6 +54,33 @@ def test_ledger_reports_every_broken_claim_and_only_those(claims_book):
         ("chapters/demo/demo", 1e-16, 1e-12)]
 
 
+def test_ledger_says_what_each_check_verifies_and_a_bound_is_a_ratio_against_one(claims_book):
+    inputs = ledger_inputs(claims_book)
+    entries, problems = assemble(inputs, CLAIMS)
+    assert [c["kind"] for c in entries["thm-good"]["checks"]] == ["formula"]
+    assert [c["kind"] for c in entries["lem-untested"]["checks"]] == ["estimate"]  # per notebook
+    notes = inputs["notes"]
+    broken = {**inputs, "notes": {**notes, "thm-good": {k: v for k, v in notes["thm-good"].items() if k != "verifies"},
+                                  "prop-broken": {**notes["prop-broken"], "verifies": "proof"},
+                                  "lem-untested": {**notes["lem-untested"], "verifies": {"other": "formula"}}}}
+    text = "\n".join(assemble(broken, CLAIMS)[1])
+    for label in ("thm-good (theorem", "prop-broken (proposition", "lem-untested (lemma"):
+        assert f"{label} on claims): needs `verifies` (formula, bound, cases, estimate" in text
+    # A bound check must report measured ÷ bound against 1: a tolerance of 1e-12 is a discrepancy's.
+    bound = {**inputs, "notes": {**notes, "thm-good": {**notes["thm-good"], "verifies": "bound"}}}
+    assert "thm-good (theorem on claims): its bound check in chapters/demo/demo must report measured ÷ bound " \
+        "against 1" in assemble(bound, CLAIMS)[1]
+    ratio = {**bound, "checks": {**inputs["checks"], "thm-good": [{**inputs["checks"]["thm-good"][0],
+                                                                     "discrepancy": 0.354, "tolerance": 1 + 1e-9}]}}
+    entries, problems = assemble(ratio, CLAIMS)
+    assert entries["thm-good"]["verdict"] == "reproduced" and not any("thm-good" in p for p in problems)
+    # Shown as such: the status table's row and the line under the claim.
+    row = status_table({"thm-good": entries["thm-good"]}, "claims").astext()
+    assert "ratio 0.35 ≤ 1 (notebook" in row and row.rstrip().endswith("✓ bound")
+    line = ledger_line(entries["thm-good"], "claims").astext()
+    assert line.startswith("✓ reproduced · Checked (bound on chosen inputs) in chapters/demo/demo: error = ratio 0.35 ≤ 1")
+
+
 def test_a_test_belongs_to_the_longest_label_it_starts_with():
     ids = ["t.py::test_thm_rank_gap_one_head", "t.py::test_thm_rank_gap_map_single_token",
            "t.py::test_thm_rank_gapless_is_not_a_match"]
@@ -77,6 +105,7 @@ def test_rendered_page_shows_the_verdict_under_each_claim(built_book, tmp_path):
     assert html.count('class="claim-ledger') == 4
     assert "✓ reproduced" in html and "✗ fails its check" in html and "◌ incomplete" in html
     assert "test_thm_good_holds" in html and "cell 5" in html
+    assert "(formula on chosen inputs) in" in html and "(statement on a battery of cases) in" in html
     assert not any("ledger lines" in p for p in audit_ledger(built_book).problems)
     book = copy_book(built_book, tmp_path / "book")
     page = book.html / "claims.html"
