@@ -437,3 +437,26 @@ def test_attention_classifier_draws_its_projections_by_hand():
             np.testing.assert_array_equal(getattr(layer, name).numpy(force=True),
                                           rng.standard_normal(shape) / math.sqrt(d))
         assert layer.causal and not layer.position_bias.detach().any() and layer.max_length == n
+
+
+def test_seeds_notebook_trains_at_the_settings_digits_kept():
+    # seeds.ipynb retrains every SSM at the (lr, epochs) that digits.ipynb kept on the validation images; its
+    # parameters name them, so they must be the best rows (first of ties: smaller rate, then fewer epochs) of the
+    # committed selection table.
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    params = yaml.safe_load((root / "data/params.yaml").read_text())
+    settings = params["chapters/trained-heads/seeds.ipynb"]["published"]["settings"]
+    digits = params["chapters/trained-heads/digits.ipynb"]["published"]
+    selection = pd.read_csv(root / "data/results/trained-heads/selection.csv")
+    names = {"s4d-lin": "S4D-Lin", "s4d-real": "S4D-Real", "s5": "S5"}
+    assert sorted(settings) == sorted(digits["kinds"])
+    for kind, (lr, epochs) in settings.items():
+        part = selection[selection["model"] == names[kind]].sort_values(["lr", "epochs"], kind="stable")
+        assert sorted(set(part["lr"])) == sorted(digits["lrs"]) and sorted(set(part["epochs"])) == digits["epoch_grid"]
+        best = part.loc[part["validation accuracy"].idxmax()]
+        assert (best["lr"], best["epochs"]) == pytest.approx((lr, epochs), rel=1e-12)
