@@ -591,24 +591,27 @@ def stable_ssm(classes: int, state_size: int = 16, *, radius: tuple[float, float
     return ssm
 
 
-def recall_model(kind: str, task: RecallTask, *, seed: int = 0,
-                 radius: tuple[float, float] = (0.85, 0.95)) -> LinearSSM | SoftmaxAttention | Stack:
+def recall_model(kind: str, task: RecallTask, *, seed: int = 0, radius: tuple[float, float] = (0.85, 0.95),
+                 state_size: int = 16, position_bias: bool = True) -> LinearSSM | SoftmaxAttention | Stack:
     """A fresh "ssm", "attention" or "hybrid" model for `task`, read at the last position.
 
-    attention: one causal head (d_k = d_v = Q, projections N(0, 1/Q)) with zero position biases;
+    attention: one causal head (d_k = d_v = Q, projections N(0, 1/Q)) with a learned score b[ℓ]
+    per lag ℓ, started at zero (position_bias=False: no such scores, the head sees content only);
     hybrid: the residual block x + ssm(x), then the attention head without a residual (it would
-    put the last background token straight into the logits). `radius`: the SSM's initial moduli.
+    put the last background token straight into the logits). `radius`, `state_size`: the SSM's
+    initial moduli and its (even) number of states.
     """
     if kind == "ssm":
-        return stable_ssm(task.classes, radius=radius, seed=seed)
+        return stable_ssm(task.classes, state_size, radius=radius, seed=seed)
     g = torch.Generator().manual_seed(seed + (kind == "hybrid"))
     Q = task.classes
     W_Q, W_K, W_V, W_O = ((1 / math.sqrt(Q)) * torch.randn(1, Q, Q, generator=g, dtype=torch.float64)
                           for _ in range(4))
-    attention = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=torch.zeros(1, task.length, dtype=torch.float64))
+    bias = torch.zeros(1, task.length, dtype=torch.float64) if position_bias else None
+    attention = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=bias)
     if kind == "attention":
         return attention
-    return Stack([Stack([stable_ssm(Q, radius=radius, seed=seed)], residual=True), attention])
+    return Stack([Stack([stable_ssm(Q, state_size, radius=radius, seed=seed)], residual=True), attention])
 
 
 def _logits(model: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
@@ -670,15 +673,17 @@ def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: 
 def recall_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
                  seeds: tuple[int, ...] = (0, 1, 2), *, steps: int = 200, classes: int = 8, noise: float = 0.5,
                  optimizer: str = "adam", lr: float = 0.02, radius: tuple[float, float] = (0.85, 0.95),
+                 state_size: int = 16, position_bias: bool = True,
                  progress: Callable[[str], None] | None = None, device: Any = "cpu") -> list[RecallResult]:
-    """`train_recall` of a fresh `recall_model` for every (kind, distance, seed), in that order
-    (model and data seeded by the seed)."""
+    """`train_recall` of a fresh `recall_model` (with `radius`, `state_size`, `position_bias`) for every
+    (kind, distance, seed), in that order (model and data seeded by the seed)."""
     results = []
     for kind in kinds:
         for D in distances:
             task = RecallTask(D, classes=classes, noise=noise)
             for seed in seeds:
-                model = recall_model(kind, task, seed=seed, radius=radius)
+                model = recall_model(kind, task, seed=seed, radius=radius, state_size=state_size,
+                                     position_bias=position_bias)
                 r = train_recall(model, task, steps=steps, seed=seed, optimizer=optimizer, lr=lr, kind=kind,
                                  device=device)
                 results.append(r)
@@ -698,18 +703,241 @@ class RecallSignal:
 
 
 def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str, ...] = KINDS,
-                 seeds: tuple[int, ...] = (0, 1, 2), *, classes: int = 8, samples: int = 256) -> list[RecallSignal]:
+                 seeds: tuple[int, ...] = (0, 1, 2), *, classes: int = 8, samples: int = 256,
+                 length: int | None = None) -> list[RecallSignal]:
     """`initial_gradient_norm` of a fresh `recall_model(kind, task, seed=seed)` on the blank task
     (noise 0: the class token is the only input), its batch drawn with `seed`, for every
-    (kind, distance, seed) in that order."""
+    (kind, distance, seed) in that order. length: None for sequences of D + 1 tokens (the class
+    token first), or one length n > max(distances) for all (the class token at n − 1 − D, blanks
+    before it), which keeps the position of the output fixed while the distance changes."""
     results = []
     for kind in kinds:
         for D in distances:
-            task = RecallTask(D, classes=classes, noise=0.0)
+            lead = 0 if length is None else length - 1 - D
+            task = RecallTask(D, classes=classes, noise=0.0, lead=lead)
             for seed in seeds:
                 norm = initial_gradient_norm(recall_model(kind, task, seed=seed), task, samples=samples, seed=seed)
                 results.append(RecallSignal(kind=kind, distance=D, seed=seed, gradient_norm=norm))
     return results
+
+
+# -- reach at standard initialisations, growth against preservation, switching saturation --------
+#
+# (Issue 20.) The framework chapter's zoo fixes one instance per architecture, with steps 10–1000×
+# Mamba's; the reach page also measures every architecture at its standard initialisation, over
+# seeds, the step range and the spectral radius. A profile g(D) = ‖J_{n−1, n−1−D}‖_F is read
+# against its first lag g(1), so that growth is not counted as reach, and beside its absolute level.
+
+from lib import DiagonalSSM, ElmanRNN, SharedStateSSM  # noqa: E402  (this section's own imports)
+
+STANDARD_STEPS = (1e-3, 1e-1)  # Δ at initialisation: Mamba's and Mamba-2's (dt_min, dt_max), S4D's and S5's
+
+
+def torch_default_rnn(N: int, d: int, p: int, *, seed: Any = 0) -> ElmanRNN:
+    """An ElmanRNN with W, U, C iid uniform on [−1/√N, 1/√N], torch.nn.RNN's initialisation (bias-free).
+
+    C (torch.nn.RNN has no read-out) is drawn the same way. seed: an int or SeedSequence.
+    """
+    rng = np.random.default_rng(seed)
+    bound = 1 / math.sqrt(N)
+    W, U, C = (rng.uniform(-bound, bound, shape) for shape in ((N, N), (N, d), (p, N)))
+    return ElmanRNN(W, U, C)
+
+
+def standard_zoo(d: int = 4, *, state: int = 16, heads: int = 2, seed: Any = 0) -> list[tuple[str, str, str, Any]]:
+    """(name, proposition label, initialisation, model) for one instance of each architecture at its
+    standard initialisation, d → d.
+
+    S4D (`DiagonalSSM`, S4D-Lin) and S5 (`SharedStateSSM`) with `state` states and steps
+    log-uniform in STANDARD_STEPS; the selective SSM with Mamba's A = −(1, …, N), N = `state`, and
+    steps in STANDARD_STEPS; SSD with 1 and `heads` heads, Mamba-2's rates U(1, 16) and steps in
+    STANDARD_STEPS; the tanh RNN with N = d states (so that U can have full row rank) and
+    torch.nn.RNN's uniform weights; softmax (1 head causal, `heads` heads non-causal) and linear
+    attention with Gaussian projections (`SoftmaxAttention.random`). Model k is seeded with
+    SeedSequence([seed, k]).
+    """
+    seeds = np.random.SeedSequence(seed).spawn(9)
+    steps = f"Δ log-uniform in [{STANDARD_STEPS[0]:g}, {STANDARD_STEPS[1]:g}]"
+    gaussian = "Gaussian projections, N(0, 1/d)"
+    return [
+        ("S4D layer (S4D-Lin)", "prop-lti-ssm", f"S4D: N = {state}, modes −½ + iπm, {steps}",
+         DiagonalSSM.random(d, state, init="lin", step_range=STANDARD_STEPS, seed=seeds[0])),
+        ("S5 layer", "prop-lti-ssm", f"S5: N = {state}, S4D-Lin modes, {steps}",
+         SharedStateSSM.random(d, state, step_range=STANDARD_STEPS, seed=seeds[1])),
+        ("Elman RNN (tanh)", "prop-rnn", f"torch.nn.RNN: N = {d}, uniform on ±1/√N",
+         torch_default_rnn(d, d, d, seed=seeds[2])),
+        ("selective SSM (Mamba)", "prop-selective-ssm", f"Mamba: N = {state}, A = −(1, …, N), {steps}",
+         SelectiveSSM.random(d, N=state, step_range=STANDARD_STEPS, seed=seeds[3])),
+        ("SSD (1 head)", "prop-ssd", f"Mamba-2: N = {state}, rates U(1, 16), {steps}",
+         SSD.random(d, d, N=state, heads=1, step_range=STANDARD_STEPS, seed=seeds[4])),
+        (f"SSD ({heads} heads)", "prop-ssd", f"Mamba-2: N = {state}, rates U(1, 16), {steps}",
+         SSD.random(d, d, N=state, heads=heads, step_range=STANDARD_STEPS, seed=seeds[5])),
+        ("softmax attention (1 head)", "prop-softmax-attention", gaussian,
+         SoftmaxAttention.random(d, d, 1, seed=seeds[6])),
+        (f"softmax attention ({heads} heads, non-causal)", "prop-softmax-attention", gaussian,
+         SoftmaxAttention.random(d, d, heads, causal=False, seed=seeds[7])),
+        (f"linear attention ({heads} heads)", "prop-linear-attention", gaussian,
+         LinearAttention.random(d, d, heads, seed=seeds[8])),
+    ]
+
+
+@dataclass(frozen=True)
+class ProfileReading:
+    """A profile g(D) = ‖J_{n−1, n−1−D}‖_F read against its first lag g(1) (`read_profile`).
+
+    reach: the largest D >= 1 with g(D) >= eps · g(1) (0 when g(1) = 0); growth: max_{D >= 1} g(D) / g(1);
+    verdict: "zero beyond D = 0" when g(1) = 0, else "grows" when growth > 1/eps, else "decays"
+    when g at the largest distance is < eps · g(1), else "preserved"; first, far: g(1) and g at
+    the largest distance, absolute.
+    """
+
+    reach: int
+    growth: float
+    verdict: str
+    first: float
+    far: float
+
+
+def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> ProfileReading:
+    """The `ProfileReading` of g given at `distances` (increasing; default 0, 1, …, len − 1; must hold D = 1)."""
+    g = _array(norms)
+    D = np.arange(len(g)) if distances is None else np.asarray(distances, dtype=int)
+    keep = D >= 1
+    g, D = g[keep], D[keep]
+    first, far = float(g[0]), float(g[-1])
+    if first == 0:
+        return ProfileReading(0, math.nan, "zero beyond D = 0", first, far)
+    ratio = g / first
+    growth = float(ratio.max())
+    verdict = "grows" if growth > 1 / eps else ("decays" if far < eps * first else "preserved")
+    return ProfileReading(int(D[ratio >= eps].max()), growth, verdict, first, far)
+
+
+def shrink_to(X: Any, radius: float, built: Any = None) -> np.ndarray:
+    """X with its built tokens scaled by one factor c <= 1 so that the longest has norm <= radius.
+
+    built: a boolean mask (n,) of the tokens a construction chose (default: every token); the
+    others (a random background) are left alone. c = min(1, radius / longest built token).
+    """
+    X = _array(X).copy()
+    built = np.ones(len(X), dtype=bool) if built is None else np.asarray(built, dtype=bool)
+    longest = float(np.linalg.norm(X[built], axis=1).max())
+    X[built] *= min(1.0, radius / longest) if longest > 0 else 1.0
+    return X
+
+
+@dataclass(frozen=True)
+class AdversarialProfile:
+    """g(D) at `distances` on the input the chapter's theory builds for each D (`adversarial_profile`).
+
+    norms: g(D) on those inputs; matched: (g at the first distance, g at the last) on the same
+    inputs with their built tokens shrunk to the radius (`shrink_to`); longest: the longest built
+    token over the inputs; text: what the input is.
+    """
+
+    distances: np.ndarray
+    norms: np.ndarray
+    matched: tuple[float, float]
+    longest: float
+    text: str
+
+
+def adversarial_profile(model: Any, n: int, distances: Any, *, radius: float, strength: float = 30.0,
+                        closing: float = 20.0, saturation: float = 20.0, period: int = 3,
+                        seed: int = 0) -> AdversarialProfile:
+    """The profile of `model` at `distances` (increasing, each >= 1) on the input its proposition builds.
+
+    Softmax and linear attention: `planted_key_input(model, n, n − 1, n − 1 − D, strength=strength,
+    seed=seed + D)`, built token x_j ({prf:ref}`prop-attention-highway`); SelectiveSSM and SSD:
+    `gate_closing_input(model, n, n − 1 − D, closing=closing, seed=seed)`, built tokens t >= j
+    ({prf:ref}`cor-gate-closing`); ElmanRNN: one `alternating_saturation_input` for every D, on the
+    cycle of `slope_products(model, period)` (the product of at most `period` factors P_S W with the
+    largest ρ^{1/L}), every token built ({prf:ref}`prop-rnn-gradient`).
+    """
+    distances = np.asarray(distances, dtype=int)
+    last, ends = n - 1, (distances[0], distances[-1])
+    if isinstance(model, ElmanRNN):
+        products = slope_products(model, period)
+        cycle, rate = products.cycle, products.lower
+        X = alternating_saturation_input(model, n, cycle, saturation=saturation)
+        sets = " → ".join("{" + ", ".join(str(k + 1) for k in S) + "}" for S in cycle)
+        by_distance = jacobian_norms(model, X, last)[::-1]
+        shrunk = jacobian_norms(model, shrink_to(X, radius), last)[::-1]
+        return AdversarialProfile(distances, by_distance[distances], (shrunk[ends[0]], shrunk[ends[1]]),
+                                  float(np.linalg.norm(X, axis=1).max()),
+                                  f"saturating, unsaturated states {sets}, rate {rate:.3f} per step")
+    gated = isinstance(model, (SelectiveSSM, SSD))
+    norms, matched, longest = [], [], 0.0
+    for D in distances:
+        j = last - D
+        if gated:
+            X, built = gate_closing_input(model, n, j, closing=closing, seed=seed), np.arange(n) >= j
+        else:
+            X, built = planted_key_input(model, n, last, j, strength=strength, seed=seed + D), np.arange(n) == j
+        norms.append(jacobian_norms(model, X, last)[j])
+        if D in ends:
+            matched.append(jacobian_norms(model, shrink_to(X, radius, built), last)[j])
+        longest = max(longest, float(np.linalg.norm(X[built], axis=1).max()))
+    text = f"gate-closing, W_Δu + b_Δ = −{closing:g}" if gated else f"planted key, strength {strength:g}"
+    return AdversarialProfile(distances, np.array(norms), (matched[0], matched[-1]), longest, text)
+
+
+def lower_median(values: Any) -> float:
+    """The lower median: the ⌈k/2⌉-th smallest of k values (an element of them, so an integer stays one)."""
+    ordered = np.sort(_array(values))
+    return float(ordered[(len(ordered) - 1) // 2])
+
+
+def reach_row(model: Any, n: int, rng: np.random.Generator, *, count: int, eps: float, radius: float,
+              distances: Any = None, fixed: bool = False, **construction: Any) -> dict[str, Any]:
+    """One row of the reach tables: readings on `count` random inputs and on the adversarial ones.
+
+    Random: `random_profiles(model, n, count, rng)`, each read by `read_profile`; the row holds the
+    lower medians of reach and of g(n − 1). Adversarial: `adversarial_profile(model, n, distances
+    (default 1..n−1), radius=radius, **construction)` read by `read_profile`, unless `fixed` (the
+    Jacobian beyond lag 0 does not depend on the input): then the random profile of the first
+    input stands for every input. Keys as in the page's tables.
+    """
+    profiles = random_profiles(model, n, count, rng)
+    readings = [read_profile(p, eps) for p in profiles]
+    row = {"reach (random inputs)": int(lower_median([r.reach for r in readings])),
+           "far level (random inputs)": lower_median([r.far for r in readings])}
+    if fixed:
+        worst, matched, longest, text = readings[0], (readings[0].first, readings[0].far), math.nan, "none (fixed)"
+    else:
+        distances = np.arange(1, n) if distances is None else distances
+        found = adversarial_profile(model, n, distances, radius=radius, **construction)
+        worst = read_profile(found.norms, eps, found.distances)
+        matched, longest, text = found.matched, found.longest, found.text
+    return row | {"reach (adversarial input)": worst.reach, "growth (adversarial input)": worst.growth,
+                  "profile (adversarial input)": worst.verdict, "far level (adversarial input)": worst.far,
+                  "longest built token": longest, "far level (matched scale)": float(matched[1]),
+                  "first level (matched scale)": float(matched[0]), "adversarial input": text}
+
+
+SWEEP_KINDS = {"S4D layer (S4D-Lin)": "step", "selective SSM (Mamba)": "step", "SSD (1 head)": "step",
+               "SSD (2 heads)": "step", "LTI SSM, Gaussian A": "radius", "LTI SSM, S4D-Lin A": "radius",
+               "Elman RNN (tanh), Gaussian W": "radius"}
+
+
+def sweep_model(kind: str, setting: Any, d: int, *, state: int = 16, seed: Any = 0) -> Any:
+    """A d → d model of a kind in SWEEP_KINDS at one setting: a step range (lo, hi) or a spectral radius ρ.
+
+    Step kinds: as in `standard_zoo`, with step_range = setting. Radius kinds: `LinearSSM.random(state,
+    d, d, spectral_radius=ρ)`, `s4d_ssm(state, d, ρ)` (normal A) and `ElmanRNN.random(d, d, d,
+    spectral_radius=ρ)` (N = d). seed: an int or SeedSequence.
+    """
+    if kind == "S4D layer (S4D-Lin)":
+        return DiagonalSSM.random(d, state, init="lin", step_range=tuple(setting), seed=seed)
+    if kind == "selective SSM (Mamba)":
+        return SelectiveSSM.random(d, N=state, step_range=tuple(setting), seed=seed)
+    if kind.startswith("SSD"):
+        return SSD.random(d, d, N=state, heads=1 if "1 head" in kind else 2, step_range=tuple(setting), seed=seed)
+    if kind == "LTI SSM, Gaussian A":
+        return LinearSSM.random(state, d, d, spectral_radius=setting, seed=seed)
+    if kind == "LTI SSM, S4D-Lin A":
+        return s4d_ssm(state, d, setting, seed=seed)
+    return ElmanRNN.random(d, d, d, spectral_radius=setting, seed=seed)
 
 
 # -- the derivation page's further checks ----------------------------------------------------------

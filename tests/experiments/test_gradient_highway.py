@@ -1211,6 +1211,211 @@ def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task(
     assert ssm[4] < ssm[1]
 
 
+# -- issue 20: readings against g(1), switching saturation, standard initialisations, recall variants --
+
+
+from experiments.gradient_highway import (  # noqa: E402
+    STANDARD_STEPS, SWEEP_KINDS, adversarial_profile, alternating_saturation_input, lower_median, reach_row,
+    read_profile, shrink_to, slope_products, standard_zoo, sweep_model, switching_saturation_input, torch_default_rnn)
+from lib import SSD as _SSD, DiagonalSSM, SharedStateSSM  # noqa: E402
+
+
+def test_read_profile_tells_growth_preservation_and_decay_apart():
+    D = np.arange(50)
+    grows = read_profile(1.2 ** D, 1e-3)
+    assert grows.verdict == "grows" and grows.reach == 49 and grows.growth == pytest.approx(1.2 ** 48)
+    flat = read_profile(np.r_[5.0, np.full(49, 0.1)], 1e-3)  # g(0) large (a skip): not the reference
+    assert (flat.verdict, flat.reach, flat.growth, flat.first, flat.far) == ("preserved", 49, 1.0, 0.1, 0.1)
+    decays = read_profile(0.5 ** D, 1e-3)
+    assert decays.verdict == "decays" and decays.reach == 10  # 0.5^9 >= 1e-3 · 0.5 > 0.5^11
+    zero = read_profile(np.r_[1.0, np.zeros(9)])
+    assert zero.verdict == "zero beyond D = 0" and zero.reach == 0
+    on_grid = read_profile([3.0, 2.0, 1e-5, 1e-4], 1e-3, distances=[1, 2, 64, 127])
+    assert on_grid.reach == 2 and on_grid.verdict == "decays" and on_grid.far == 1e-4
+    threshold = read_profile([1.0, 1.0, 1e3, 1.0], 1e-3)  # growth exactly 1/eps is not growth
+    assert threshold.verdict == "preserved"
+
+
+def test_lower_median_is_an_element():
+    assert lower_median([4, 1, 3, 2]) == 2.0 and lower_median([5, 1, 3]) == 3.0 and lower_median([7]) == 7.0
+
+
+COUNTEREXAMPLE = ([[0.9, 1.5], [-1.0, -0.9]], np.eye(2), np.eye(2))
+
+
+def test_prop_rnn_gradient_switching_saturation_refutes_the_constant_search():
+    # The referee's RNN: ρ(W) = 0.83, every principal block ≤ 0.9, yet alternating the saturated
+    # coordinate grows the Jacobian by √1.5 per step: 1.5, 58, 3.3e3, 1.9e5 at D = 1, 20, 40, 60.
+    rnn = ElmanRNN(*COUNTEREXAMPLE)
+    W = np.array(COUNTEREXAMPLE[0])
+    assert np.abs(np.linalg.eigvals(W)).max() == pytest.approx(math.sqrt(0.69))
+    assert saturation_subset(rnn)[1] == pytest.approx(0.9)
+    products = slope_products(rnn, 3)
+    cycle, rate = products.cycle, products.lower
+    assert rate == pytest.approx(math.sqrt(1.5), rel=1e-12) and len(cycle) == 2 and set(cycle) == {(0,), (1,)}
+    n = 61
+    X = alternating_saturation_input(rnn, n, cycle)
+    profile = jacobian_norms(rnn, X, n - 1)[::-1]
+    np.testing.assert_allclose(profile[[1, 20, 40, 60]], [1.5, 57.665, 3325.26, 1.9175e5], rtol=1e-4)
+    assert read_profile(profile).verdict == "grows"
+    # the reach search (adversarial_profile, then read_profile) finds the growth: not "not refuted"
+    found = adversarial_profile(rnn, n, range(1, n), radius=4.0, saturation=20.0, period=3)
+    assert read_profile(found.norms, 1e-3, found.distances).verdict == "grows"
+    np.testing.assert_allclose(found.norms, profile[1:], rtol=1e-12)
+    # the numpy product of the slopes, an independent route
+    for j in (0, 17, 59):
+        np.testing.assert_allclose(jacobian_blocks(rnn, X, n - 1)[j], rnn_jacobian(rnn, X, n - 1, j),
+                                   rtol=1e-12, atol=1e-12 * profile.max())
+
+
+def test_slope_products_cycle_is_the_brute_force_best_cycle_and_includes_constant_sets():
+    for seed in range(4):
+        rnn = ElmanRNN.random(3, 3, 2, spectral_radius=0.95, seed=seed)
+        W = arr(rnn.W)
+        sets = [S for r in (1, 2, 3) for S in itertools.combinations(range(3), r)]
+        best = 0.0
+        for L in (1, 2):
+            for cycle in itertools.product(sets, repeat=L):
+                M = np.eye(3)
+                for S in cycle:
+                    M = np.diag(np.isin(range(3), S).astype(float)) @ W @ M
+                best = max(best, np.abs(np.linalg.eigvals(M)).max() ** (1 / L))
+        assert slope_products(rnn, 2).lower == pytest.approx(best, rel=1e-9)
+        assert slope_products(rnn, 2).lower >= saturation_subset(rnn)[1] * (1 - 1e-12)
+        assert slope_products(rnn, 1).lower == pytest.approx(saturation_subset(rnn)[1], rel=1e-12)
+
+
+def test_alternating_saturation_input_holds_the_pre_activations_on_the_cycle_from_the_end():
+    rnn = ElmanRNN.random(3, 4, 2, spectral_radius=1.2, seed=5)
+    cycle = ((0,), (1, 2), (0, 2))
+    X = alternating_saturation_input(rnn, 9, cycle, saturation=7.0)
+    W, U = arr(rnn.W), arr(rnn.U)
+    s = np.zeros(3)
+    for t in range(9):  # the recurrence in numpy
+        z = W @ s + U @ X[t]
+        expected = np.full(3, 7.0)
+        expected[list(cycle[(8 - t) % 3])] = 0.0  # S_{n−1−m} = cycle[m mod 3]
+        np.testing.assert_allclose(z, expected, atol=1e-10)
+        s = np.tanh(z)
+    np.testing.assert_allclose(switching_saturation_input(rnn, [(1,)] * 9), saturating_input(rnn, 9, (1,)),
+                               atol=1e-12)
+
+
+def test_shrink_to_scales_only_the_built_tokens_by_one_factor():
+    X = np.array([[3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])
+    out = shrink_to(X, 2.0, [True, False, True])
+    np.testing.assert_allclose(out, [[0.6, 0.8], [0.0, 1.0], [1.2, 1.6]])
+    np.testing.assert_array_equal(shrink_to(X, 100.0), X)  # never enlarged
+    assert np.linalg.norm(shrink_to(X, 2.0), axis=1).max() == pytest.approx(2.0)
+    np.testing.assert_array_equal(X, [[3.0, 4.0], [0.0, 1.0], [6.0, 8.0]])  # left alone
+
+
+def test_adversarial_profile_is_each_propositions_input_and_its_shrunk_copy():
+    zoo = {label: model for _, label, model in architecture_zoo(d=4, p=4, seed=0)}
+    n, distances, radius = 24, [1, 5, 23], 4.0
+    attention = zoo["prop-softmax-attention"]  # the last of the two: non-causal, 2 heads
+    found = adversarial_profile(attention, n, distances, radius=radius, strength=30.0, seed=2)
+    np.testing.assert_allclose(found.norms, planted_key_profile(attention, n, distances, strength=30.0, seed=2),
+                               rtol=1e-12)
+    inputs = {D: planted_key_input(attention, n, n - 1, n - 1 - D, strength=30.0, seed=2 + D) for D in distances}
+    assert found.longest == pytest.approx(max(np.linalg.norm(X[n - 1 - D]) for D, X in inputs.items()))
+    built = np.arange(n) == n - 24
+    assert found.matched[1] == pytest.approx(jacobian_norms(attention, shrink_to(inputs[23], radius, built),
+                                                            n - 1)[0])
+    assert found.matched[0] == pytest.approx(jacobian_norms(attention, shrink_to(inputs[1], radius,
+                                                                                 np.arange(n) == n - 2), n - 1)[n - 2])
+    gated = zoo["prop-selective-ssm"]
+    found = adversarial_profile(gated, n, distances, radius=radius, closing=20.0, seed=1)
+    np.testing.assert_allclose(found.norms, gate_closing_profile(gated, n, distances, closing=20.0, seed=1),
+                               rtol=1e-12)
+    assert found.text.startswith("gate-closing")
+    rnn = zoo["prop-rnn"]
+    found = adversarial_profile(rnn, n, distances, radius=radius, saturation=20.0, period=2)
+    X = alternating_saturation_input(rnn, n, slope_products(rnn, 2).cycle, saturation=20.0)
+    np.testing.assert_allclose(found.norms, jacobian_norms(rnn, X, n - 1)[::-1][distances], rtol=1e-12)
+    assert found.longest == pytest.approx(np.linalg.norm(X, axis=1).max())
+    assert found.matched[1] == pytest.approx(jacobian_norms(rnn, shrink_to(X, radius), n - 1)[::-1][23])
+
+
+def test_reach_row_reads_random_and_adversarial_profiles():
+    zoo = {label: model for _, label, model in architecture_zoo(d=4, p=4, seed=0)}
+    n = 20
+    row = reach_row(zoo["prop-lti-ssm"], n, np.random.default_rng(3), count=3, eps=1e-3, radius=4.0, fixed=True)
+    profiles = random_profiles(zoo["prop-lti-ssm"], n, 3, np.random.default_rng(3))
+    assert row["reach (random inputs)"] == read_profile(profiles[0]).reach == row["reach (adversarial input)"]
+    assert row["far level (random inputs)"] == pytest.approx(profiles[0][-1], rel=1e-12)  # LTI: all alike
+    row = reach_row(zoo["prop-softmax-attention"], n, np.random.default_rng(3), count=3, eps=1e-3, radius=4.0,
+                    distances=[1, 4, 19], strength=30.0, seed=0)
+    assert row["profile (adversarial input)"] == "preserved" and row["reach (adversarial input)"] == 19
+    assert row["far level (matched scale)"] < row["far level (adversarial input)"]
+
+
+def test_standard_zoo_is_each_architectures_initialisation():
+    zoo = standard_zoo(4, state=8, heads=2, seed=[1, 2])
+    kinds = [type(model).__name__ for *_, model in zoo]
+    assert kinds == ["DiagonalSSM", "SharedStateSSM", "ElmanRNN", "SelectiveSSM", "SSD", "SSD", "SoftmaxAttention",
+                     "SoftmaxAttention", "LinearAttention"]
+    lo, hi = STANDARD_STEPS
+    for *_, model in zoo:
+        if isinstance(model, (DiagonalSSM, SharedStateSSM)):
+            steps = torch.exp(model.log_dt)
+        elif isinstance(model, (SelectiveSSM, _SSD)):
+            steps = F.softplus(model.dt_bias)
+        else:
+            continue
+        assert bool(((steps >= lo * (1 - 1e-12)) & (steps <= hi * (1 + 1e-12))).all())
+    selective = zoo[3][3]
+    np.testing.assert_allclose(-np.exp(arr(selective.A_log)), -np.tile(np.arange(1.0, 9.0), (4, 1)))
+    rates = np.exp(arr(zoo[4][3].A_log))
+    assert ((rates >= 1) & (rates <= 16)).all()
+    rnn = zoo[2][3]
+    assert rnn.N == 4 and all(np.abs(arr(M)).max() <= 0.5 for M in (rnn.W, rnn.U, rnn.C))
+    assert zoo[7][3].causal is False and zoo[6][3].H == 1
+    same = standard_zoo(4, state=8, heads=2, seed=[1, 2])
+    assert all(torch.equal(a.W_B, b.W_B) for (*_, a), (*_, b) in zip(zoo[3:6], same[3:6]))
+
+
+def test_torch_default_rnn_draws_uniform_weights():
+    rnn = torch_default_rnn(16, 3, 2, seed=0)
+    W = arr(rnn.W)
+    assert np.abs(W).max() <= 0.25 and W.std() == pytest.approx(0.25 / math.sqrt(3), rel=0.2)
+
+
+def test_sweep_model_sets_the_step_range_or_the_spectral_radius():
+    for kind, axis in SWEEP_KINDS.items():
+        setting = (0.01, 0.02) if axis == "step" else 0.93
+        model = sweep_model(kind, setting, 4, state=6, seed=0)
+        if axis == "radius":
+            W = arr(model.W) if isinstance(model, ElmanRNN) else arr(model.A)
+            assert np.abs(np.linalg.eigvals(W)).max() == pytest.approx(0.93, rel=1e-10)
+        else:
+            steps = torch.exp(model.log_dt) if isinstance(model, DiagonalSSM) else F.softplus(model.dt_bias)
+            assert bool(((steps >= 0.01 * (1 - 1e-12)) & (steps <= 0.02 * (1 + 1e-12))).all())
+
+
+def test_recall_attention_without_position_bias_has_no_lag_scores():
+    task = RecallTask(6)
+    with_bias, without = recall_model("attention", task, seed=0), recall_model("attention", task, seed=0,
+                                                                              position_bias=False)
+    assert with_bias.position_bias is not None and without.position_bias is None
+    assert torch.equal(with_bias.W_Q, without.W_Q)
+    hybrid = recall_model("hybrid", task, seed=0, position_bias=False, state_size=4)
+    assert hybrid.layers[1].position_bias is None and hybrid.layers[0].layers[0].N == 4
+
+
+def test_signal_sweep_at_one_length_holds_the_position_and_moves_the_distance():
+    # At a fixed length the blank query scores every key alike: attention's signal does not
+    # depend on where the class token sits; the SSM's still falls with the distance.
+    signals = signal_sweep((1, 6, 12), kinds=("ssm", "attention"), seeds=(0,), classes=3, samples=16, length=13)
+    attention = [s.gradient_norm for s in signals if s.kind == "attention"]
+    ssm = [s.gradient_norm for s in signals if s.kind == "ssm"]
+    assert max(attention) == pytest.approx(min(attention), rel=1e-12)
+    assert ssm[0] > ssm[1] > ssm[2]
+    task = RecallTask(6, classes=3, noise=0.0, lead=6)
+    assert signals[1].gradient_norm == initial_gradient_norm(recall_model("ssm", task, seed=0), task, samples=16,
+                                                             seed=0)
+
+
 # -- the derivation page's further checks ----------------------------------------------------------
 
 
