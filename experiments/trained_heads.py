@@ -49,12 +49,23 @@ def load_digit_sequences(test_size: float = 0.25, seed: int = 0) -> DigitSequenc
     return DigitSequences(X_train[..., None], y_train.astype(np.int64), X_test[..., None], y_test.astype(np.int64))
 
 
-def logistic_baseline(data: DigitSequences) -> float:
-    """Test accuracy of multinomial logistic regression on the 64 raw pixels (lbfgs, C = 1)."""
+def validation_split(data: DigitSequences, size: float = 0.2, seed: int = 0) -> DigitSequences:
+    """The training images of `data` split again, stratified (`train_test_split(test_size=size,
+    random_state=seed)`): X_train/y_train the images to fit on, X_test/y_test the validation
+    images. The test images of `data` are not used."""
+    from sklearn.model_selection import train_test_split
+
+    X_fit, X_val, y_fit, y_val = train_test_split(data.X_train, data.y_train, test_size=size, stratify=data.y_train,
+                                                  random_state=seed)
+    return DigitSequences(X_fit, y_fit, X_val, y_val)
+
+
+def logistic_baseline(data: DigitSequences, C: float = 1.0) -> Any:
+    """Multinomial logistic regression (lbfgs, inverse regularisation C) fitted on the 64 raw
+    pixels of data.X_train: a fitted `sklearn.linear_model.LogisticRegression`."""
     from sklearn.linear_model import LogisticRegression
 
-    model = LogisticRegression(max_iter=5000).fit(data.X_train[..., 0], data.y_train)
-    return float(model.score(data.X_test[..., 0], data.y_test))
+    return LogisticRegression(C=C, max_iter=5000).fit(data.X_train[..., 0], data.y_train)
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
@@ -62,6 +73,21 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     p, z2 = successes / trials, z * z / trials
     centre, half = (p + z2 / 2) / (1 + z2), z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials)) / (1 + z2)
     return centre - half, centre + half
+
+
+def mcnemar(right: Any, right_baseline: Any) -> tuple[int, int, float]:
+    """The exact McNemar test of two classifiers scored on the same items.
+
+    right, right_baseline: booleans (b,), item correct or not. Returns (only, only_baseline, p):
+    the items only the first (only the baseline) gets right, and the two-sided p-value of the
+    exact binomial test of only ~ Bin(only + only_baseline, ½), min(1, 2 P(X <= min)); 1 if no
+    item is discordant.
+    """
+    right, right_baseline = np.asarray(right, dtype=bool), np.asarray(right_baseline, dtype=bool)
+    only, only_baseline = int((right & ~right_baseline).sum()), int((~right & right_baseline).sum())
+    trials = only + only_baseline
+    tail = sum(math.comb(trials, i) for i in range(min(only, only_baseline) + 1)) / 2.0 ** trials
+    return only, only_baseline, min(1.0, 2.0 * tail)
 
 
 # -- classifiers -------------------------------------------------------------------------------
@@ -145,25 +171,32 @@ def classifier(kind: str, d: int, *, state: int = 32, heads: int = 1, n: int = 6
 
 def train_classifier(model: SequenceClassifier, data: DigitSequences, *, epochs: int, batch: int = 64,
                      lr: float = 3e-3, final_lr: float | None = None, seed: int = 0, device: Any = "cpu",
-                     progress: Callable[[str], None] | None = None, label: str = "") -> np.ndarray:
+                     progress: Callable[[str], None] | None = None, label: str = "",
+                     after_epoch: Callable[[int], None] | None = None) -> np.ndarray:
     """Train in place with `lib.fit` (Adam, cross-entropy) for `epochs` passes over the training set.
 
     Every epoch visits the training images once in a fresh order (torch.randperm on fit's
-    seeded generator), in minibatches of `batch` (the last one smaller). Returns the loss of
-    every step, shape (epochs · ⌈b / batch⌉,).
+    seeded generator), in minibatches of `batch` (the last one smaller). after_epoch(e), if
+    given, is called once e epochs are done, e = 1..epochs, with the model as it is then.
+    Returns the loss of every step, shape (epochs · ⌈b / batch⌉,).
     """
     X = torch.tensor(data.X_train, dtype=model.encoder.weight.dtype)
     y = torch.tensor(data.y_train)
 
     def batches(generator: torch.Generator):
-        while True:
+        for epoch in range(epochs):
+            if epoch and after_epoch is not None:  # fit asks for the next batch after its last step
+                after_epoch(epoch)
             order = torch.randperm(len(X), generator=generator)
             for start in range(0, len(X), batch):
                 yield X[order[start:start + batch]], y[order[start:start + batch]]
 
-    return fit(model, lambda net, X_b, y_b: F.cross_entropy(net(X_b), y_b), batches,
-               steps=epochs * -(-len(X) // batch), lr=lr, final_lr=final_lr, seed=seed, device=device,
-               progress=progress, label=label)
+    losses = fit(model, lambda net, X_b, y_b: F.cross_entropy(net(X_b), y_b), batches,
+                 steps=epochs * -(-len(X) // batch), lr=lr, final_lr=final_lr, seed=seed, device=device,
+                 progress=progress, label=label)
+    if after_epoch is not None:
+        after_epoch(epochs)
+    return losses
 
 
 def logits(model: SequenceClassifier, X: Any) -> np.ndarray:
@@ -172,14 +205,61 @@ def logits(model: SequenceClassifier, X: Any) -> np.ndarray:
         return model(model._tensor(X)).double().numpy()
 
 
-def accuracy(model: SequenceClassifier, X: Any, y: Any) -> float:
-    """The fraction of sequences X (b, n, in_width) whose largest logit is at the label y (b,)."""
-    return float((logits(model, X).argmax(1) == np.asarray(y)).mean())
+def correct(model: Any, X: Any, y: Any) -> np.ndarray:
+    """Booleans (b,): the sequences X (b, n, in_width) a classifier labels y (b,). model: a
+    `SequenceClassifier` (largest logit) or a fitted scikit-learn classifier of the pixels X[..., 0]."""
+    if isinstance(model, torch.nn.Module):
+        return logits(model, X).argmax(1) == np.asarray(y)
+    return model.predict(np.asarray(X)[..., 0]) == np.asarray(y)
+
+
+def accuracy(model: Any, X: Any, y: Any) -> float:
+    """The fraction of sequences X (b, n, in_width) labelled y (b,) by the classifier (`correct`)."""
+    return float(correct(model, X, y).mean())
 
 
 def as_float64(model: SequenceClassifier) -> SequenceClassifier:
     """A float64 copy of the classifier (its lib layers then compute in float64)."""
     return copy.deepcopy(model).double()
+
+
+def select_baseline(split: DigitSequences, Cs: Sequence[float]) -> tuple[Any, list[dict]]:
+    """`logistic_baseline(split, C)` for each C in Cs; keep the one with the best accuracy on the
+    validation images split.X_test (ties: the first in Cs). Returns (model, rows "C",
+    "validation accuracy")."""
+    models = {C: logistic_baseline(split, C) for C in Cs}
+    rows = [{"C": C, "validation accuracy": accuracy(m, split.X_test, split.y_test)} for C, m in models.items()]
+    return models[max(rows, key=lambda r: r["validation accuracy"])["C"]], rows
+
+
+def select_setting(kind: str, split: DigitSequences, lrs: Sequence[float], epochs: Sequence[int], *, width: int,
+                   batch: int, seed: int = 0, device: Any = "cpu", progress: Callable[[str], None] | None = None,
+                   **options: Any) -> tuple[SequenceClassifier, list[dict]]:
+    """The classifier of the training setting (lr, epochs) with the best validation accuracy.
+
+    For each lr in lrs, `classifier(kind, width, seed=seed, **options)` is trained on
+    split.X_train (`train_classifier`, constant rate, training seed `seed`) for max(epochs)
+    epochs; after each number of epochs in `epochs` the model is scored on the validation
+    images split.X_test and kept. A run of e epochs is the first e epochs of the longest run
+    (constant rate, the same batches), so the grid lrs × epochs costs len(lrs) runs. Ties: the
+    first setting in the order of lrs, then epochs. Returns (the kept model, rows "lr",
+    "epochs", "validation accuracy").
+    """
+    kept, rows = {}, []
+    for lr in lrs:
+        model = classifier(kind, width, seed=seed, **options)
+
+        def score(done: int, lr: float = lr, model: SequenceClassifier = model) -> None:
+            if done in epochs:
+                kept[lr, done] = copy.deepcopy(model)
+                rows.append({"lr": lr, "epochs": done,
+                             "validation accuracy": accuracy(model, split.X_test, split.y_test)})
+
+        name = f"{kind} H={options.get('heads', 1)}" if kind == "attention" else kind
+        train_classifier(model, split, epochs=max(epochs), batch=batch, lr=lr, seed=seed, device=device,
+                         progress=progress, label=f"{name} lr {lr:g} seed {seed}", after_epoch=score)
+    best = max(rows, key=lambda r: r["validation accuracy"])
+    return kept[best["lr"], best["epochs"]], rows
 
 
 # -- the exact lag span dimension of a trained layer (prop-trained-lag-span) --------------------
@@ -195,10 +275,13 @@ class LagSpanDimension(NamedTuple):
     largest_dropped: float
 
 
-def generic_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int) -> int:
+def generic_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int) -> int | None:
     """The k_n of almost every parameter ({prf:ref}`prop-trained-lag-span`): min(n, d) for a
-    DiagonalSSM, min(N + 1, n) for a SharedStateSSM (proven for N <= d(d − 1))."""
-    return min(layer.N + 1, n) if isinstance(layer, SharedStateSSM) else min(n, layer.d)
+    DiagonalSSM, min(N + 1, n) for a SharedStateSSM with N <= d(d − 1); None for one with
+    N > d(d − 1), where the proposition proves only the bound min(N + 1, n, d²)."""
+    if isinstance(layer, SharedStateSSM):
+        return min(layer.N + 1, n) if layer.N <= layer.d * (layer.d - 1) else None
+    return min(n, layer.d)
 
 
 def exact_lag_span_dimension(layer: DiagonalSSM | SharedStateSSM, n: int, *,
@@ -248,6 +331,37 @@ def _extended_kernel_singular_values(layer: DiagonalSSM, n: int, digits: int) ->
                 weight *= mu
         K[0, q] += ctx.mpf(par["D"][q])
     return np.array([float(s) for s in ctx.svd_r(K, compute_uv=False)])
+
+
+def with_copied_channel(layer: DiagonalSSM, source: int = 0, target: int = 1) -> DiagonalSSM:
+    """A copy of an S4D layer whose channel `target` has every parameter of channel `source`:
+    two equal lag diagonals, so k_n <= d − 1 (a non-generic parameter)."""
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        for parameter in twin.parameters():
+            parameter[target] = parameter[source]
+    return twin
+
+
+def without_skip(layer: SharedStateSSM) -> SharedStateSSM:
+    """A copy of an S5 layer with D = 0: the node 0 has no residue, so k_n <= N (non-generic)."""
+    bare = copy.deepcopy(layer)
+    with torch.no_grad():
+        bare.D.zero_()
+    return bare
+
+
+def flat_real_mode_layer(d: int, rates: Sequence[float], n: int) -> DiagonalSSM:
+    """An S4D layer of real modes with a flat lag spectrum on length n: d channels, each with the
+    modes λc = −r for r in rates (Δ = 1, λ = e^{−r}), D = 0, and C chosen so that the weighted
+    kernels √(n − ℓ) K[q, ℓ], q = 1..d, are orthonormal vectors over ℓ (by a QR factorisation of
+    the weighted modes): every σ_q(G) is 1. Needs d <= len(rates) <= n."""
+    rates = np.asarray(rates, dtype=np.float64)
+    ell = np.arange(n)[:, None]
+    modes = np.sqrt(n - ell) * np.expm1(-rates) / -rates * np.exp(-rates * ell)  # √(n−ℓ) B̄_m λ_m^ℓ
+    R = np.linalg.qr(modes)[1]
+    C = np.linalg.solve(R, np.eye(len(rates))[:, :d]).T  # modes @ C[q] is the q-th column of Q
+    return DiagonalSSM(np.zeros(d), np.tile(np.log(rates), (d, 1)), C, np.zeros(d))
 
 
 # -- the moments of a layer's inputs and its truncation (prop-covariance-head-count) ------------
@@ -381,9 +495,8 @@ def truncation_sweep(model: SequenceClassifier, X: Any, y: Any, moments: Sequenc
     return rows
 
 
-def accuracy_knee(heads: Sequence[int], accuracies: Sequence[float], reference: float,
-                  tolerance: float = 0.01) -> int:
-    """The least H in `heads` (increasing) from which every accuracy stays >= reference − tolerance.
+def heads_within(heads: Sequence[int], accuracies: Sequence[float], reference: float, tolerance: float) -> int:
+    """H_acc(τ): the least H in `heads` (increasing) from which every accuracy stays >= reference − τ.
 
     ValueError if even the last accuracy is below.
     """
@@ -394,27 +507,54 @@ def accuracy_knee(heads: Sequence[int], accuracies: Sequence[float], reference: 
     return list(heads)[0 if not len(bad) else bad[-1] + 1]
 
 
+#: A mean ε-head count change (over blocks and ε) below this many heads in absolute value reads
+#: as "no change", at least this many as a gain: the one threshold of every notebook.
+COUNT_CHANGE = 1.0
+
+
+def count_change(before: Any, after: Any) -> float:
+    """The mean change of the ε-head counts, arrays (blocks, ε) before and after training."""
+    return float(np.mean(np.asarray(after, dtype=float) - np.asarray(before, dtype=float)))
+
+
 # -- report rows: one per model or layer, for the tables of the chapter -------------------------
 
 
-def accuracy_report(models: dict[str, SequenceClassifier], X: Any, y: Any) -> list[dict]:
-    """One row per named classifier: "model", "test accuracy" on (X (b, n, in_width), y (b,)),
-    its 95 % Wilson interval "95 % low", "95 % high", and the number of "parameters"."""
+def paired_report(models: dict[str, Any], baseline: Any, X: Any, y: Any) -> list[dict]:
+    """One row per named classifier, scored on (X (b, n, in_width), y (b,)) against `baseline`
+    on the same items: "model", "test accuracy", its 95 % Wilson interval "95 % low", "95 %
+    high", the items it alone ("only this") and the baseline alone ("only baseline") gets
+    right, the exact McNemar p-value ("McNemar p", `mcnemar`) and the number of "parameters"."""
+    right_baseline = correct(baseline, X, y)
     rows = []
     for name, model in models.items():
-        right = round(accuracy(model, X, y) * len(y))
-        low, high = wilson_interval(right, len(y))
-        rows.append({"model": name, "test accuracy": right / len(y), "95 % low": low, "95 % high": high,
-                     "parameters": sum(p.numel() for p in model.parameters())})
+        right = correct(model, X, y)
+        low, high = wilson_interval(int(right.sum()), len(right))
+        only, only_baseline, p = mcnemar(right, right_baseline)
+        rows.append({"model": name, "test accuracy": float(right.mean()), "95 % low": low, "95 % high": high,
+                     "only this": only, "only baseline": only_baseline, "McNemar p": p,
+                     "parameters": sum(q.numel() for q in model.parameters())})
     return rows
 
 
 def lag_span_report(layer: DiagonalSSM | SharedStateSSM, n: int, *, digits: int = 50) -> dict:
     """"k" (`exact_lag_span_dimension`), "generic" (`generic_lag_span_dimension`), "float64 rank"
-    (`min_heads`), "σ_k/σ_1" and "route" of a trained layer on length n."""
+    (`min_heads`), "σ_k/σ_1", "σ_k+1/σ_1" (of the matrix whose rank is k) and "route" of a layer
+    on length n."""
     exact = exact_lag_span_dimension(layer, n, digits=digits)
     return {"k": exact.k, "generic": generic_lag_span_dimension(layer, n), "float64 rank": min_heads(layer, n),
-            "σ_k/σ_1": exact.smallest_kept, "route": exact.route}
+            "σ_k/σ_1": exact.smallest_kept, "σ_k+1/σ_1": exact.largest_dropped, "route": exact.route}
+
+
+def precision_report(layer: DiagonalSSM, n: int, digits: int, more_digits: int) -> dict:
+    """The extended-precision k of an S4D layer at two precisions: "k", "k, more digits",
+    "σ_k/σ_1", its relative "change of σ_k" with more digits, and "σ_k+1/σ_1" at both (0 if
+    k = d). A kept σ_k that is the layer's does not change; a dropped one that is zero falls
+    with the precision."""
+    a, b = (exact_lag_span_dimension(layer, n, digits=g) for g in (digits, more_digits))
+    return {"k": a.k, "k, more digits": b.k, "σ_k/σ_1": a.smallest_kept,
+            "change of σ_k": b.smallest_kept / a.smallest_kept - 1, "σ_k+1/σ_1": a.largest_dropped,
+            "σ_k+1/σ_1, more digits": b.largest_dropped}
 
 
 def head_counts(layer: Any, n: int, epsilons: Sequence[float], moments: tuple[Any, Any]) -> dict:

@@ -13,12 +13,16 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from experiments.trained_heads import (DigitSequences, _extended_kernel_singular_values, accuracy, accuracy_knee,
-                                       as_float64, classifier, exact_lag_span_dimension, generic_lag_span_dimension,
-                                       input_moments, load_digit_sequences, logistic_baseline, logits, mean_path,
+from experiments.trained_heads import (COUNT_CHANGE, DigitSequences, _extended_kernel_singular_values, accuracy,
+                                       as_float64, classifier, correct, count_change, exact_lag_span_dimension,
+                                       flat_real_mode_layer, generic_lag_span_dimension, heads_within, input_moments,
+                                       lag_span_report, load_digit_sequences, logistic_baseline, logits, mcnemar,
+                                       mean_path, paired_report, precision_report, select_baseline, select_setting,
                                        train_classifier, truncation_error_samples, truncation_errors,
-                                       truncation_sweep, truncations, wilson_interval)
-from lib import DiagonalSSM, SharedStateSSM, min_heads, optimal_head_errors, relative_error
+                                       truncation_sweep, truncations, validation_split, wilson_interval,
+                                       with_copied_channel, without_skip)
+from lib import (DiagonalSSM, SharedStateSSM, heads_needed, min_heads, optimal_head_errors, population_error,
+                 relative_error, truncated_heads)
 
 
 def lags_np(layer, n):
@@ -74,6 +78,18 @@ def test_prop_trained_lag_span_witness_of_the_proof_attains_n_plus_one():
     for n in (3, 5, 7, 12):
         assert lag_rank_np(lags_np(layer, n)) == min(2 * M + 1, n) == generic_lag_span_dimension(layer, n)
     assert exact_lag_span_dimension(layer, 12).k == 7
+    # The Vandermonde step acts on the residues: R_m = (e_a + i e_a') e_βᵀ, R̄_m and diag(D), independent over C
+    # (not elementary matrices: each R_m has two non-zero entries), and L_ℓ = Σ_j ν_j^ℓ P_j.
+    nodes, residues = (t.numpy() for t in layer.modes())
+    P = residues.reshape(len(nodes), -1)
+    assert len(nodes) == 2 * M + 1 and np.linalg.matrix_rank(P) == 2 * M + 1
+    assert all(np.count_nonzero(np.abs(r) > 1e-12) == 2 for r in P[:2 * M])
+    for m, ((a, a2), beta) in enumerate(slots):
+        expected = np.zeros((d, d), complex)
+        expected[a, beta], expected[a2, beta] = 1.0, 1j
+        np.testing.assert_allclose(residues[m], expected, atol=1e-12)
+    vander = nodes[None, :] ** np.arange(12)[:, None]
+    np.testing.assert_allclose(np.einsum("lj,jpd->lpd", vander, residues).real, lags_np(layer, 12), atol=1e-12)
 
 
 def test_prop_trained_lag_span_upper_bounds_and_non_generic_points(random_diagonal, random_shared):
@@ -93,6 +109,9 @@ def test_prop_trained_lag_span_upper_bounds_and_non_generic_points(random_diagon
     assert exact_lag_span_dimension(no_skip, n).k == 4           # N without the node 0
     for layer in (random_shared(2, 3, seed=1), random_diagonal(2, 4, seed=2)):
         assert lag_rank_np(lags_np(layer, n)) <= min(n, layer.d ** 2, getattr(layer, "N", n) + 1)
+    # N = 6 > d(d − 1) = 2: part 2's generic value is not claimed (here k = d² = 4 < N + 1 = 7).
+    wide = random_shared(2, 3, seed=1)
+    assert generic_lag_span_dimension(wide, n) is None and exact_lag_span_dimension(wide, n).k == 4
 
 
 def test_exact_lag_span_dimension_sees_through_rounding():
@@ -109,6 +128,41 @@ def test_exact_lag_span_dimension_sees_through_rounding():
             getattr(layer, name)[1] = getattr(layer, name)[0]
     twin = exact_lag_span_dimension(layer, 32)
     assert twin.k == 19 and twin.largest_dropped < 1e-45
+
+
+def test_prop_trained_lag_span_controls_and_precision_report(random_diagonal, random_shared):
+    # The notebook's check: where the parameter forces k below the generic value, the exact route finds the
+    # bound (copied channel: d − 1; no skip: N); with more digits a kept σ_k stays, a forced zero falls.
+    layer = DiagonalSSM.random(12, 8, init="real", seed=4)
+    copied = with_copied_channel(layer, 2, 5)
+    assert torch.equal(copied.A_log[5], layer.A_log[2]) and torch.equal(copied.A_log[4], layer.A_log[4])
+    assert lag_span_report(layer, 24)["k"] == 12 and lag_span_report(copied, 24)["k"] == 11
+    report = precision_report(copied, 24, 40, 70)
+    assert report["k"] == report["k, more digits"] == 11
+    assert abs(report["change of σ_k"]) < 1e-15 and report["σ_k/σ_1"] > 1e-25
+    assert report["σ_k+1/σ_1"] < 1e-35 and report["σ_k+1/σ_1, more digits"] < 1e-65
+    s5 = random_shared(3, 2, seed=2)
+    assert lag_span_report(s5, 12)["k"] == 5 and lag_span_report(without_skip(s5), 12)["k"] == 4
+    assert s5.D.abs().min() > 0                                  # the copy is changed, not the layer
+
+
+def test_flat_real_mode_layer_spreads_its_energy_over_every_direction():
+    # Finding 2's counterexample: real modes do not force a fast-falling spectrum. 8 channels × 8 real modes,
+    # rates geometric over [0.05, 2]: the weighted lag diagonals (from lib's lags) are orthonormal, every
+    # σ_q(G) is 1 and H_ε = 8 = k at ε = 10⁻¹, 10⁻², 10⁻³.
+    n, d = 64, 8
+    layer = flat_real_mode_layer(d, np.geomspace(0.05, 2.0, d), n)
+    assert not layer.complex and not layer.D.any() and layer.M == d
+    weighted = np.einsum("lqq->lq", lags_np(layer, n)) * np.sqrt(n - np.arange(n))[:, None]
+    np.testing.assert_allclose(weighted.T @ weighted, np.eye(d), atol=1e-10)
+    tails = optimal_head_errors(layer, n, d)
+    np.testing.assert_allclose(tails, (d - np.arange(d + 1)) * tails[0] / d, atol=1e-10 * tails[0])
+    assert [heads_needed(layer, n, e) for e in (0.1, 0.01, 0.001)] == [d] * 3
+    assert exact_lag_span_dimension(layer, n).k == d
+    # With the same rates and a random C the spectrum falls fast (the trained layers' regime).
+    random = DiagonalSSM(np.zeros(d), layer.A_log.detach().numpy(), np.random.default_rng(0).standard_normal((d, d)),
+                         np.zeros(d))
+    assert heads_needed(random, n, 0.01) < d
 
 
 def test_extended_precision_lags_are_the_float64_lags(random_diagonal):
@@ -159,6 +213,38 @@ def test_prop_covariance_head_count_centred_truncation_keeps_the_closed_form(law
     for model in truncations(layer, n, [1, 2], moments).values():
         by_hand = outputs(model.heads, X[:50] - moments[0]) + mean_path(layer, n, moments[0])
         assert relative_error(outputs(model, X[:50]), by_hand) < 1e-12
+
+
+def test_prop_covariance_head_count_part4_mean_term_of_the_truncation_without_bias(random_diagonal, random_shared):
+    # Part 4: the part-2 truncation with H >= rank G_Σ, used on raw tokens, errs by Σ_i ‖Σ_{ℓ<i} L_ℓ x̄_⊥‖²; zero when
+    # x̄ ∈ range Σ or when the lags annihilate x̄_⊥; and heads spanning the lags (E = 0) err by 0 whatever x̄.
+    layer, n = random_shared(3, 2, seed=6), 9
+    (mu, Sigma), S = moments_of(3, 2, 7)                        # singular Σ: a null direction
+    P = S @ np.linalg.pinv(S)
+    full = truncated_heads(layer, n, 6, covariance=Sigma)
+    lags = lags_np(layer, n)
+    by_hand = float((np.cumsum(lags @ (mu - P @ mu), axis=0) ** 2).sum())
+    scale = optimal_head_errors(layer, n, 0, covariance=Sigma)[0]
+    assert by_hand > 1e-3 * scale
+    assert population_error(layer, full, n, covariance=Sigma, mean=mu) == pytest.approx(by_hand, rel=1e-9)
+    assert population_error(layer, full, n, covariance=Sigma, mean=P @ mu) < 1e-12 * scale
+    spanning = truncated_heads(layer, n, exact_lag_span_dimension(layer, n).k)
+    assert population_error(layer, spanning, n, covariance=Sigma, mean=mu) < 1e-12 * scale
+    # x̄_⊥ = e_0 ≠ 0 but every lag annihilates it: channel 0 of an S4D layer silenced, Σ null on e_0.
+    quiet = random_diagonal(3, 2, seed=3)
+    with torch.no_grad():
+        quiet.C[0] = 0.0
+        quiet.D[0] = 0.0
+    S0 = np.vstack([np.zeros((1, 2)), np.random.default_rng(8).standard_normal((2, 2))])
+    Sigma0, mu0 = S0 @ S0.T, np.array([1.5, 0.3, -0.7])
+    full0 = truncated_heads(quiet, n, 6, covariance=Sigma0)
+    scale0 = optimal_head_errors(quiet, n, 0, covariance=Sigma0)[0]
+    assert population_error(quiet, full0, n, covariance=Sigma0, mean=mu0) < 1e-12 * scale0
+    with torch.no_grad():
+        quiet.D[0] = 0.5                                       # now L_0 e_0 ≠ 0: the term is back
+    full0 = truncated_heads(quiet, n, 6, covariance=Sigma0)
+    term = float((np.cumsum(lags_np(quiet, n) @ np.array([1.5, 0.0, 0.0]), axis=0) ** 2).sum())
+    assert term > 0.1 and population_error(quiet, full0, n, covariance=Sigma0, mean=mu0) == pytest.approx(term, rel=1e-9)
 
 
 def test_cor_truncation_exact_on_range_of_sigma_and_not_beyond(random_shared):
@@ -227,7 +313,7 @@ def test_load_digit_sequences_is_a_fixed_stratified_split():
     assert np.abs(np.bincount(data.y_test) * 3 - np.bincount(data.y_train)).max() <= 3
     again = load_digit_sequences()
     assert np.array_equal(again.X_test, data.X_test) and np.array_equal(again.y_train, data.y_train)
-    assert logistic_baseline(data) > 0.9
+    assert accuracy(logistic_baseline(data), data.X_test, data.y_test) > 0.9
 
 
 def test_wilson_interval_matches_scipy():
@@ -236,12 +322,83 @@ def test_wilson_interval_matches_scipy():
         assert wilson_interval(k, n, z=1.959963984540054) == pytest.approx((ci.low, ci.high), abs=1e-12)
 
 
-def test_accuracy_knee():
-    assert accuracy_knee([1, 2, 3, 4], [0.1, 0.95, 0.5, 0.96], 0.96, 0.02) == 4
-    assert accuracy_knee([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.02) == 2
-    assert accuracy_knee([1, 2], [0.97, 0.96], 0.96) == 1
+def test_heads_within():
+    assert heads_within([1, 2, 3, 4], [0.1, 0.95, 0.5, 0.96], 0.96, 0.02) == 4
+    assert heads_within([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.02) == 2
+    assert heads_within([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.005) == 3   # the answer moves with τ
+    assert heads_within([1, 2], [0.97, 0.96], 0.96, 0.01) == 1
     with pytest.raises(ValueError, match="never stay"):
-        accuracy_knee([1, 2], [0.5, 0.6], 0.9)
+        heads_within([1, 2], [0.5, 0.6], 0.9, 0.01)
+
+
+def test_count_change_is_the_mean_over_blocks_and_epsilons():
+    before, after = np.array([[1, 3, 10], [1, 6, 13]]), np.array([[8, 15, 20], [7, 12, 17]])
+    assert count_change(before, after) == pytest.approx((7 + 12 + 10 + 6 + 6 + 4) / 6)
+    assert count_change(after, after) == 0.0 and COUNT_CHANGE == 1.0
+
+
+def test_mcnemar_matches_scipy_exact_binomial_test():
+    rng = np.random.default_rng(0)
+    for only, only_baseline in ((12, 12), (4, 100), (8, 4), (0, 5), (3, 0), (30, 45)):
+        right = np.r_[np.ones(only, bool), np.zeros(only_baseline, bool), np.ones(200, bool), np.zeros(50, bool)]
+        base = np.r_[np.zeros(only, bool), np.ones(only_baseline, bool), np.ones(200, bool), np.zeros(50, bool)]
+        order = rng.permutation(len(right))
+        found = mcnemar(right[order], base[order])
+        assert found[:2] == (only, only_baseline)
+        assert found[2] == pytest.approx(binomtest(only, only + only_baseline, 0.5).pvalue, rel=1e-12)
+    assert mcnemar([True, False], [True, False]) == (0, 0, 1.0)
+
+
+def test_validation_split_is_stratified_disjoint_and_leaves_the_test_images_alone():
+    data = load_digit_sequences()
+    split = validation_split(data, 0.2, 0)
+    assert len(split.y_train) + len(split.y_test) == len(data.y_train) and len(split.y_test) == 270
+    pieces = sorted(x.tobytes() for x in np.concatenate([split.X_train, split.X_test]))
+    assert pieces == sorted(x.tobytes() for x in data.X_train)        # a partition of the training images
+    assert np.abs(np.bincount(split.y_test) * 4 - np.bincount(split.y_train)).max() <= 4
+    assert np.array_equal(validation_split(data, 0.2, 0).y_test, split.y_test)
+
+
+def test_select_baseline_keeps_the_best_validation_score_and_the_first_of_ties():
+    data = load_digit_sequences()
+    split = DigitSequences(data.X_train[:300], data.y_train[:300], data.X_train[300:500], data.y_train[300:500])
+    model, rows = select_baseline(split, [1e-4, 1.0, 1.0 + 1e-9])   # the last two: the same model, a tie
+    scores = [r["validation accuracy"] for r in rows]
+    assert scores[1] == scores[2] > scores[0] and model.C == 1.0
+    assert accuracy(model, split.X_test, split.y_test) == pytest.approx(scores[1])
+    assert select_baseline(split, [1e-4])[0].C == 1e-4
+
+
+def test_select_setting_snapshots_are_shorter_runs_and_the_best_is_kept():
+    # A run of e epochs at a constant rate is the start of the longest one: the snapshot after 1 epoch of a
+    # 2-epoch run equals a fresh 1-epoch run (same batches), so the grid lrs × epochs costs len(lrs) runs.
+    data = load_digit_sequences()
+    small = DigitSequences(data.X_train[:120, :12], data.y_train[:120], data.X_train[120:180, :12],
+                           data.y_train[120:180])
+    kept, rows = select_setting("s4d-lin", small, [1e-2, 3e-2], [1, 2], width=4, state=4, n=12, batch=40, seed=3)
+    assert [(r["lr"], r["epochs"]) for r in rows] == [(1e-2, 1), (1e-2, 2), (3e-2, 1), (3e-2, 2)]
+    best = max(rows, key=lambda r: r["validation accuracy"])
+    assert accuracy(kept, small.X_test, small.y_test) == best["validation accuracy"]
+    for r in rows[::2]:                                           # the 1-epoch snapshots
+        fresh = classifier("s4d-lin", 4, state=4, n=12, seed=3)
+        train_classifier(fresh, small, epochs=r["epochs"], batch=40, lr=r["lr"], seed=3)
+        assert accuracy(fresh, small.X_test, small.y_test) == r["validation accuracy"]
+    fresh = classifier("s4d-lin", 4, state=4, n=12, seed=3)
+    train_classifier(fresh, small, epochs=best["epochs"], batch=40, lr=best["lr"], seed=3)
+    np.testing.assert_array_equal(logits(fresh, small.X_test), logits(kept, small.X_test))
+
+
+def test_paired_report_counts_by_hand():
+    data = load_digit_sequences()
+    X, y = data.X_test[:80], data.y_test[:80]
+    baseline = logistic_baseline(DigitSequences(data.X_train[:300], data.y_train[:300], X, y))
+    model = classifier("s5", 4, state=4, seed=0)
+    row = paired_report({"S5": model}, baseline, X, y)[0]
+    mine, theirs = logits(model, X).argmax(1) == y, baseline.predict(X[..., 0]) == y
+    assert row["test accuracy"] == mine.mean() and correct(baseline, X, y).tolist() == theirs.tolist()
+    assert (row["only this"], row["only baseline"]) == ((mine & ~theirs).sum(), (~mine & theirs).sum())
+    assert row["McNemar p"] == mcnemar(mine, theirs)[2] and row["parameters"] == sum(
+        p.numel() for p in model.parameters())
 
 
 def test_train_classifier_is_deterministic_and_learns():
@@ -280,3 +437,26 @@ def test_attention_classifier_draws_its_projections_by_hand():
             np.testing.assert_array_equal(getattr(layer, name).numpy(force=True),
                                           rng.standard_normal(shape) / math.sqrt(d))
         assert layer.causal and not layer.position_bias.detach().any() and layer.max_length == n
+
+
+def test_seeds_notebook_trains_at_the_settings_digits_kept():
+    # seeds.ipynb retrains every SSM at the (lr, epochs) that digits.ipynb kept on the validation images; its
+    # parameters name them, so they must be the best rows (first of ties: smaller rate, then fewer epochs) of the
+    # committed selection table.
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    params = yaml.safe_load((root / "data/params.yaml").read_text())
+    settings = params["chapters/trained-heads/seeds.ipynb"]["published"]["settings"]
+    digits = params["chapters/trained-heads/digits.ipynb"]["published"]
+    selection = pd.read_csv(root / "data/results/trained-heads/selection.csv")
+    names = {"s4d-lin": "S4D-Lin", "s4d-real": "S4D-Real", "s5": "S5"}
+    assert sorted(settings) == sorted(digits["kinds"])
+    for kind, (lr, epochs) in settings.items():
+        part = selection[selection["model"] == names[kind]].sort_values(["lr", "epochs"], kind="stable")
+        assert sorted(set(part["lr"])) == sorted(digits["lrs"]) and sorted(set(part["epochs"])) == digits["epoch_grid"]
+        best = part.loc[part["validation accuracy"].idxmax()]
+        assert (best["lr"], best["epochs"]) == pytest.approx((lr, epochs), rel=1e-12)
