@@ -834,6 +834,38 @@ def test_prop_heads_needed_continuous_limit_counts_depend_on_n_and_rho_through_T
     assert nearer < near                     # the count falls as ρ → 1 at fixed n (not "grows with ρ")
 
 
+def _heads_needed_np(ssm, n, eps):
+    # The least H with Σ_{q>H} σ_q(G)² ≤ ε ‖G‖_F², G with rows √(n−ℓ) vec(L_ℓ), lags by iterated products.
+    A, B, C = numpy_of(ssm)
+    rows, state = [], B.copy()
+    for ell in range(n):
+        rows.append(np.sqrt(n - ell) * (C @ state).ravel())
+        state = A @ state
+    s2 = np.linalg.svd(np.array(rows), compute_uv=False) ** 2
+    tails = s2.sum() - np.concatenate([[0.0], np.cumsum(s2)])
+    return int(np.argmax(tails <= eps * s2.sum()))
+
+
+def test_heads_needed_near_one_fewer_than_k_for_small_states():
+    # Referee A 1: beyond the grid ρ ≤ 0.999 the small states need fewer heads than k_n = N too.
+    for N, expected in ((4, 2), (8, 2)):
+        ssm = s4d_ssm(N, 8, 0.9999, init="lin", seed=0)
+        count = heads_needed(ssm, 1024, 1e-2)
+        assert count == _heads_needed_np(ssm, 1024, 1e-2) == expected
+        assert count < N == modal_lag_span_dimension(ssm)
+
+
+def test_heads_needed_does_not_fall_when_the_decay_slows_at_a_fixed_step():
+    # Referee A 2: the S5-like N = 64 system at the step of ρ = 0.9, modes rescaled to a slower decay.
+    base = s4d_ssm(64, 8, 0.9, init="lin", seed=0)
+    counts = []
+    for radius in (0.9, 0.99, 0.999, 0.9999):
+        ssm = LinearSSM(base.A * (radius / base.spectral_radius), base.B, base.C)
+        counts.append(heads_needed(ssm, 1024, 1e-2))
+    assert counts == [13, 19, 29, 29]
+    assert _heads_needed_np(LinearSSM(base.A * (0.99 / 0.9), base.B, base.C), 1024, 1e-2) == 19
+
+
 def _zoh_lags_by_quadrature(A_c, B_c, C, step, n, points=2001):
     # L_ℓ = ∫_{ℓΔ}^{(ℓ+1)Δ} C e^{t A_c} B_c dt by the trapezoidal rule on eigen-decomposed exponentials.
     mu, R = np.linalg.eig(A_c)
