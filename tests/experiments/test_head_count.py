@@ -979,3 +979,21 @@ def test_train_students_softmax_rows_equal_separate_training_runs():
         student = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=np.zeros((H, N_SEQ)))
         [(error, _)] = imitate([student], SECOND, steps=20, batch=8, seed=5)
         assert row["error"] == error and row["optimum"] == optimum[row["H"]]
+
+
+# -- prop-softmax-obstruction with the residual connection ------------------------------------------
+
+
+def test_prop_softmax_obstruction_residual_block_rows_sum_to_i_plus_values():
+    from experiments.head_count import row_sum_deviation
+    from lib import Stack
+    rng = np.random.default_rng(7)
+    base = SoftmaxAttention.random(3, 3, heads=2, seed=7)
+    layer = SoftmaxAttention(base.W_Q, base.W_K, base.W_V, base.W_O, causal=True,
+                             position_bias=rng.standard_normal((2, 6)))
+    X = torch.from_numpy(3 * rng.standard_normal((4, 6, 3)))
+    values = np.einsum("hpv,hvd->pd", *(w.numpy(force=True) for w in (layer.W_O, layer.W_V)))
+    block = Stack([layer], residual=True)
+    assert row_sum_deviation(layer, X, values) < 1e-13
+    assert row_sum_deviation(block, X, values + np.eye(3)) < 1e-13
+    assert row_sum_deviation(block, X, values) > 0.1  # the identity path is there
