@@ -417,3 +417,127 @@ def discretisation_check(rows: list[dict]) -> tuple[float, str]:
     what = ("largest column error of Ā, B̄ against RK4 / an explicit inverse and relative gap of "
             f"ρ(Ā) to the mapped eigenvalues + Hurwitz systems with ρ(Ā) ≥ 1 ({unstable})")
     return largest + unstable, what
+
+
+# -- around the cores: residual attention blocks, SSD's skip, an LTI feed-through ---------------
+
+LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+
+
+def pre_norm(X: np.ndarray, gain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bias-free pre-LN of tokens X (n, d): z_j = diag(gain) P_c x_j / s(x_j), P_c = I − 11ᵀ/d,
+    s(x) = (‖P_c x‖²/d + LN_EPS)^½. Returns (Z, s)."""
+    centred = X - X.mean(axis=-1, keepdims=True)
+    s = np.sqrt((centred**2).mean(axis=-1) + LN_EPS)
+    return gain * centred / s[:, None], s
+
+
+def residual_blocks(model, X: np.ndarray, gain: np.ndarray | None = None) -> np.ndarray:
+    """{prf:ref}`prop-residual-attention`: the operator (n, n, d, d) of the block x_i + f(Z)_i for a
+    lib attention layer f (p = d), Z = X or the pre-LN of X: δ_ij I + 𝒲^f_ij(Z) M_j with M_j = I,
+    resp. diag(gain) P_c / s(x_j); 𝒲^f from lib."""
+    n, d = X.shape
+    if gain is None:
+        Z, M = X, np.broadcast_to(np.eye(d), (n, d, d))
+    else:
+        Z, s = pre_norm(X, gain)
+        M = (gain[:, None] * (np.eye(d) - 1.0 / d))[None] / s[:, None, None]
+    W = np.einsum("ijpq,jqd->ijpd", _lib(model.operator, Z), M)
+    return W + np.eye(n)[:, :, None, None] * np.eye(d)
+
+
+def residual_forward(model, X: np.ndarray, gain: np.ndarray | None = None) -> np.ndarray:
+    """x_i + f(Z)_i with f computed by the reference formulas (numpy, never lib)."""
+    Z = X if gain is None else pre_norm(X, gain)[0]
+    return X + forward(model, Z)
+
+
+def residual_rows(blocks: dict, inputs: np.ndarray) -> list[dict]:
+    """Per residual block (name → (model, gain, causal sums claimed)): its measured interaction rank
+    over `inputs` (b, n, d) against H + 1, the identity error Σ_j 𝒲_ij x_j vs the usual computation,
+    and, where claimed, the largest deviation of the row sums Σ_{j<=i} 𝒲_ij from I + Σ_h V_h."""
+    rows = []
+    for name, (model, gain, sums) in blocks.items():
+        ops, identity, deviation = [], 0.0, float("nan")
+        P = _parameters(model)
+        values = np.einsum("hpv,hvd->pd", P["W_O"], P["W_V"]) + np.eye(model.d)
+        for X in inputs:
+            W = residual_blocks(model, X, gain)
+            ops.append(W.reshape(-1, *W.shape[2:]))
+            y = np.einsum("ijpd,jd->ip", W, X)
+            identity = max(identity, ref.itemwise_error(y, residual_forward(model, X, gain), 1))
+            if sums:
+                gap = np.abs(W.sum(axis=1) - values).max() / np.abs(values).max()
+                deviation = gap if np.isnan(deviation) else max(deviation, gap)
+        rank = operator_span(np.concatenate(ops)).dim
+        rows.append({"block": name, "heads H": model.H, "measured rank": rank,
+                     "identity error": identity, "row sums − (I + Σ V_h)": deviation})
+    return rows
+
+
+def residual_check(rows: list[dict]) -> tuple[float, str]:
+    """(discrepancy, what) of prop-residual-attention: the largest identity error and row-sum
+    deviation, plus 1 for each block whose measured rank is not H + 1."""
+    errors = [r["identity error"] for r in rows] + [r["row sums − (I + Σ V_h)"] for r in rows
+                                                    if not np.isnan(r["row sums − (I + Σ V_h)"])]
+    misses = sum(r["measured rank"] != r["heads H"] + 1 for r in rows)
+    what = ("largest relative error of Σ_j 𝒲_ij x_j against the block computed the usual way and of "
+            f"the row sums against I + Σ_h V_h, + blocks whose measured rank is not H + 1 ({misses})")
+    return max(errors) + misses, what
+
+
+def ssd_skip_blocks(model, D: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """{prf:ref}`prop-ssd-skip`: lib's SSD operator at X plus δ_ij Σ_h D_h W_O Π_h, (n, n, p, d)."""
+    values = _lib(lambda _: model.values(), X)  # V_h = W_O Π_h, (H, p, d)
+    n = X.shape[0]
+    return _lib(model.operator, X) + np.eye(n)[:, :, None, None] * np.einsum("h,hpd->pd", D, values)
+
+
+def ssd_skip_forward(model, D: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """The SSD core by the reference recurrence plus the skip W_O concat_h(D_h x_t^(h)), in numpy."""
+    P = _parameters(model)
+    per_channel = np.repeat(D, model.d // model.H)
+    return forward(model, X) + (X * per_channel) @ P["W_O"].T
+
+
+def ssd_skip_row(model, D: np.ndarray, inputs: np.ndarray) -> dict:
+    """Measured rank of SSD + skip over `inputs` (b, n, d) and the identity error."""
+    ops, identity = [], 0.0
+    for X in inputs:
+        W = ssd_skip_blocks(model, D, X)
+        ops.append(W.reshape(-1, *W.shape[2:]))
+        y = np.einsum("ijpd,jd->ip", W, X)
+        identity = max(identity, ref.itemwise_error(y, ssd_skip_forward(model, D, X), 1))
+    return {"heads H": model.H, "measured rank": operator_span(np.concatenate(ops)).dim,
+            "identity error": identity}
+
+
+def feedthrough_rank(A: np.ndarray, B: np.ndarray, C: np.ndarray, D: np.ndarray, n: int,
+                     rtol: float = 1e-10) -> tuple[int, float]:
+    """An LTI SSM with feed-through, y_i = C s_i + D x_i: (k, err). k = dim span{CB + D, CAB, …,
+    CA^{n−1}B} by numpy's rank; err the largest gap between these lags and those of the augmented
+    LTI SSM A' = diag(A, 0), B' = [B; I], C' = [C, D] (state N + d) computed by lib."""
+    N, d = B.shape
+    lags = ref.lti_lags(A, B, C, n)
+    lags[0] = lags[0] + D
+    A2 = np.block([[A, np.zeros((N, d))], [np.zeros((d, N + d))]])
+    augmented = LinearSSM(A2, np.vstack([B, np.eye(d)]), np.hstack([C, D]))
+    gap = np.abs(augmented.lags(n).numpy(force=True) - lags).max() / np.abs(lags).max()
+    M = lags.reshape(n, -1)
+    k = int(np.linalg.matrix_rank(M, tol=rtol * np.linalg.norm(M, 2)))
+    return k, float(gap)
+
+
+def residual_head_example(radius: float, n: int) -> tuple[int, float]:
+    """One head V = J with coefficients c_ℓ = radius^ℓ plus the identity path, δ_ij I + [j<=i] ρ^{i−j} J
+    (numpy), against lib's operator of the LTI SSM A = diag(0, 0, ρ, ρ), B = [I; J], C = [I, I]:
+    (the SSM's interaction rank k_n, largest relative gap between the two operators)."""
+    J = np.array([[0.0, -1.0], [1.0, 0.0]])
+    A = np.diag([0.0, 0.0, radius, radius])
+    ssm = LinearSSM(A, np.vstack([np.eye(2), J]), np.hstack([np.eye(2), np.eye(2)]))
+    W = _lib(ssm.operator, np.zeros((n, 2)))
+    lag = np.subtract.outer(np.arange(n), np.arange(n))
+    coefficient = np.where(lag >= 0, float(radius) ** np.maximum(lag, 0), 0.0)
+    head = np.eye(n)[:, :, None, None] * np.eye(2) + coefficient[:, :, None, None] * J
+    k = operator_span(W.reshape(-1, 2, 2)).dim
+    return k, float(np.abs(W - head).max() / np.abs(head).max())

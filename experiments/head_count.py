@@ -662,3 +662,11 @@ def train_students(teachers: Sequence[Any], n: int, heads: Iterable[int] | Calla
                          "optimum": float(optimum[H]), "energy": float(optimum[0]),
                          "relative squared error": error / float(optimum[0])})
     return rows
+
+
+def row_sum_deviation(model: SequenceMap, X: torch.Tensor, target: np.ndarray) -> float:
+    """Largest |Σ_j 𝒲_ij(X) − target| / max |target| over the rows i and the inputs X (b, n, d), the
+    identity of {prf:ref}`prop-softmax-obstruction` (target Σ_h V_h, or I + Σ_h V_h with a residual)."""
+    with torch.no_grad():
+        sums = model.operator(X).sum(2).numpy(force=True)
+    return float(np.abs(sums - target).max() / np.abs(target).max())

@@ -248,3 +248,85 @@ def test_a_mamba_like_step_projection_is_outside_the_exactness_hypothesis(inputs
     assert np.linalg.norm(low.W_delta.numpy(force=True) - W, 2) == pytest.approx(sigma[1], rel=1e-12)
     assert fw.predicted_rank(low, inputs)[:2] == ("≤", 4) and fw.predicted_rank(selective, inputs)[:2] == ("=", 4)
     assert interaction_rank(low, inputs) <= 4
+
+
+# -- prop-residual-attention, prop-ssd-skip, the feed-through remark ------------------------------
+
+
+def _residual_blocks_zoo(d=4, heads=2, seed=0):
+    from lib import SoftmaxAttention
+    gain = np.random.default_rng(seed).uniform(0.5, 1.5, d)
+    softmax = [SoftmaxAttention.random(d, d, H, seed=seed + H) for H in (1, heads)]
+    blocks = {f"softmax {f.H}": (f, None, True) for f in softmax}
+    blocks["linear"] = (LinearAttention.random(d, d, heads, seed=seed + 5), None, True)
+    blocks |= {f"softmax {f.H} pre-LN": (f, gain, False) for f in softmax}
+    return blocks
+
+
+def test_prop_residual_attention_rank_is_h_plus_one_and_rows_sum_to_i_plus_values():
+    inputs = np.random.default_rng(1).standard_normal((4, 7, 4))
+    rows = fw.residual_rows(_residual_blocks_zoo(), inputs)
+    assert [r["measured rank"] for r in rows] == [r["heads H"] + 1 for r in rows] == [2, 3, 3, 2, 3]
+    value, _ = fw.residual_check(rows)
+    assert value < 1e-12
+
+
+def test_prop_residual_attention_operator_matches_lib_stack_without_norm():
+    # Without a norm the block is lib.Stack([f], residual=True); its operator adds I in lib's own code.
+    from lib import SoftmaxAttention, Stack
+    f = SoftmaxAttention.random(3, 3, 2, seed=4)
+    X = np.random.default_rng(4).standard_normal((6, 3))
+    W = fw.residual_blocks(f, X)
+    W_stack = Stack([f], residual=True).operator(torch.from_numpy(X)).numpy(force=True)
+    np.testing.assert_allclose(W, W_stack, rtol=0, atol=1e-13)
+    P = {k: v.numpy(force=True) for k, v in f.named_parameters()}
+    values = np.einsum("hpv,hvd->pd", P["W_O"], P["W_V"])
+    np.testing.assert_allclose(W.sum(axis=1), np.broadcast_to(np.eye(3) + values, (6, 3, 3)), atol=1e-13)
+
+
+def test_prop_residual_attention_pre_ln_identity_fails_on_a_wrong_gain():
+    from lib import SoftmaxAttention
+    f = SoftmaxAttention.random(4, 4, 1, seed=2)
+    X = np.random.default_rng(2).standard_normal((5, 4))
+    gain = np.linspace(0.5, 1.5, 4)
+    y = np.einsum("ijpd,jd->ip", fw.residual_blocks(f, X, gain), X)
+    assert ref.itemwise_error(y, fw.residual_forward(f, X, gain), 1) < 1e-12
+    assert ref.itemwise_error(y, fw.residual_forward(f, X, 1.001 * gain), 1) > 1e-5
+
+
+def test_prop_residual_attention_check_counts_a_rank_miss():
+    row = {"heads H": 1, "measured rank": 1, "identity error": 0.0, "row sums − (I + Σ V_h)": 0.0}
+    assert fw.residual_check([row])[0] == 1
+
+
+def test_prop_ssd_skip_stays_factorized_with_h_heads():
+    from lib import SSD
+    inputs = np.random.default_rng(3).standard_normal((4, 6, 4))
+    for H in (1, 2, 4):
+        core = SSD.random(4, 3, N=3, heads=H, seed=H)
+        D = np.random.default_rng(H).standard_normal(H)
+        row = fw.ssd_skip_row(core, D, inputs)
+        assert row["measured rank"] == H and row["identity error"] < 1e-12
+        # the skip is D_h V_h on the diagonal blocks only
+        W_core = core.operator(torch.from_numpy(inputs[0])).numpy(force=True)
+        diff = fw.ssd_skip_blocks(core, D, inputs[0]) - W_core
+        V = core.values().numpy(force=True)
+        np.testing.assert_allclose(diff[2, 2], np.einsum("h,hpd->pd", D, V), atol=1e-14)
+        assert np.abs(diff[2, 1]).max() == 0
+        # a wrong skip breaks the identity
+        y = np.einsum("ijpd,jd->ip", fw.ssd_skip_blocks(core, D, inputs[0]), inputs[0])
+        assert ref.itemwise_error(y, fw.ssd_skip_forward(core, 1.001 * D, inputs[0]), 1) > 1e-6
+
+
+@pytest.mark.parametrize("N,d,p,n", [(2, 4, 4, 12), (3, 2, 2, 9), (1, 3, 1, 5), (4, 1, 1, 3)])
+def test_lti_feedthrough_rank_is_at_most_n_plus_one(N, d, p, n):
+    rng = np.random.default_rng(N + d)
+    A, B, C, D = (rng.standard_normal(s) for s in ((N, N), (N, d), (p, N), (p, d)))
+    k, gap = fw.feedthrough_rank(0.5 * A, B, C, D, n)
+    assert gap < 1e-12
+    assert k == min(N + 1, n, p * d)  # generic systems attain the bound
+
+
+def test_residual_head_example_represents_an_ssm_with_k_two():
+    k, gap = fw.residual_head_example(0.8, 10)
+    assert k == 2 and gap < 1e-14

@@ -834,6 +834,38 @@ def test_prop_heads_needed_continuous_limit_counts_depend_on_n_and_rho_through_T
     assert nearer < near                     # the count falls as ρ → 1 at fixed n (not "grows with ρ")
 
 
+def _heads_needed_np(ssm, n, eps):
+    # The least H with Σ_{q>H} σ_q(G)² ≤ ε ‖G‖_F², G with rows √(n−ℓ) vec(L_ℓ), lags by iterated products.
+    A, B, C = numpy_of(ssm)
+    rows, state = [], B.copy()
+    for ell in range(n):
+        rows.append(np.sqrt(n - ell) * (C @ state).ravel())
+        state = A @ state
+    s2 = np.linalg.svd(np.array(rows), compute_uv=False) ** 2
+    tails = s2.sum() - np.concatenate([[0.0], np.cumsum(s2)])
+    return int(np.argmax(tails <= eps * s2.sum()))
+
+
+def test_heads_needed_near_one_fewer_than_k_for_small_states():
+    # Referee A 1: beyond the grid ρ ≤ 0.999 the small states need fewer heads than k_n = N too.
+    for N, expected in ((4, 2), (8, 2)):
+        ssm = s4d_ssm(N, 8, 0.9999, init="lin", seed=0)
+        count = heads_needed(ssm, 1024, 1e-2)
+        assert count == _heads_needed_np(ssm, 1024, 1e-2) == expected
+        assert count < N == modal_lag_span_dimension(ssm)
+
+
+def test_heads_needed_does_not_fall_when_the_decay_slows_at_a_fixed_step():
+    # Referee A 2: the S5-like N = 64 system at the step of ρ = 0.9, modes rescaled to a slower decay.
+    base = s4d_ssm(64, 8, 0.9, init="lin", seed=0)
+    counts = []
+    for radius in (0.9, 0.99, 0.999, 0.9999):
+        ssm = LinearSSM(base.A * (radius / base.spectral_radius), base.B, base.C)
+        counts.append(heads_needed(ssm, 1024, 1e-2))
+    assert counts == [13, 19, 29, 29]
+    assert _heads_needed_np(LinearSSM(base.A * (0.99 / 0.9), base.B, base.C), 1024, 1e-2) == 19
+
+
 def _zoh_lags_by_quadrature(A_c, B_c, C, step, n, points=2001):
     # L_ℓ = ∫_{ℓΔ}^{(ℓ+1)Δ} C e^{t A_c} B_c dt by the trapezoidal rule on eigen-decomposed exponentials.
     mu, R = np.linalg.eig(A_c)
@@ -947,3 +979,21 @@ def test_train_students_softmax_rows_equal_separate_training_runs():
         student = SoftmaxAttention(W_Q, W_K, W_V, W_O, position_bias=np.zeros((H, N_SEQ)))
         [(error, _)] = imitate([student], SECOND, steps=20, batch=8, seed=5)
         assert row["error"] == error and row["optimum"] == optimum[row["H"]]
+
+
+# -- prop-softmax-obstruction with the residual connection ------------------------------------------
+
+
+def test_prop_softmax_obstruction_residual_block_rows_sum_to_i_plus_values():
+    from experiments.head_count import row_sum_deviation
+    from lib import Stack
+    rng = np.random.default_rng(7)
+    base = SoftmaxAttention.random(3, 3, heads=2, seed=7)
+    layer = SoftmaxAttention(base.W_Q, base.W_K, base.W_V, base.W_O, causal=True,
+                             position_bias=rng.standard_normal((2, 6)))
+    X = torch.from_numpy(3 * rng.standard_normal((4, 6, 3)))
+    values = np.einsum("hpv,hvd->pd", *(w.numpy(force=True) for w in (layer.W_O, layer.W_V)))
+    block = Stack([layer], residual=True)
+    assert row_sum_deviation(layer, X, values) < 1e-13
+    assert row_sum_deviation(block, X, values + np.eye(3)) < 1e-13
+    assert row_sum_deviation(block, X, values) > 0.1  # the identity path is there
