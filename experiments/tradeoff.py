@@ -84,3 +84,16 @@ def margin_reading(ssm: LinearSSM, profile: Any, eps: float) -> dict[str, float]
         envelope = scale * rho ** np.arange(len(g))
     return {"bound ratio": float((g / envelope).max()), "last D kept": kept,
             "margin −ln ρ": -math.log(rho), "allowed ln(1/ε)/D": margin_needed(eps, max(kept, 1))}
+
+
+def scale_reach(profile: Any, scale: float, eps: float = 1e-3) -> int:
+    """The largest D >= 1 with g(D) >= eps · scale (0 if none): the reach relative to a fixed scale,
+    ‖C‖₂‖B‖_F in part 3 of {prf:ref}`prop-rank-attenuation-independent`, rather than to g(1)."""
+    hits = np.flatnonzero(_array(profile)[1:] >= eps * scale)
+    return 0 if hits.size == 0 else int(hits.max()) + 1
+
+
+def slowest_mode_reach(step: float, rate: float, eps: float = 1e-3) -> float:
+    """ln(1/eps)/(Δ a): the distance at which the mode e^{−Δ a D} of step Δ and rate a falls to eps
+    of its value at D = 0 — where an SSM whose slowest mode it is stops keeping eps of its start."""
+    return math.log(1 / eps) / (step * rate)

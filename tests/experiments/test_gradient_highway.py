@@ -1684,3 +1684,35 @@ def test_prop_rnn_gradient_check_fails_on_a_wrong_product():
     assert np.allclose(J, gh.prescribed_jacobian(rnn, sets, 9, 3), rtol=1e-12, atol=1e-15)  # sech²(20) ≈ 1.7e-17
     wrong = ElmanRNN(1.001 * SWITCH_W, np.eye(2), np.eye(2))
     assert not np.allclose(J, gh.prescribed_jacobian(wrong, sets, 9, 3), rtol=1e-4, atol=1e-15)
+
+
+def test_prop_stack_decay_s4d_glu_block_grows_linearly_with_the_last_token():
+    # Referee B 1: the S4D block as built (kernel + skip, GELU, 1×1 conv, GLU) has no bound for
+    # every input: with a gate held at σ(0), ‖J_{i,i−D}‖ grows linearly with the last token.
+    from experiments.gradient_highway import S4DGLUBlock, gate_zero_input
+    from lib import DiagonalSSM
+
+    W = [[1.0, 1.0], [0.3, -0.2], [1.0, -1.0], [0.5, 0.4]]
+    block = S4DGLUBlock(DiagonalSSM.random(2, 2, seed=0), W, np.zeros(4))
+    norms = {}
+    for size in (100.0, 1000.0):
+        X = gate_zero_input(block, 40, size)
+        with torch.no_grad():
+            y = block.ssm(torch.from_numpy(X)).numpy()
+        assert np.allclose(y[-1], size)
+        norms[size] = jacobian_norms(block, X, 39)[::-1][[1, 10, 30]]
+    assert (norms[1000.0] / norms[100.0] > 9).all()
+    # The SSM kernel alone (no GLU) does not depend on the input at all.
+    X = gate_zero_input(block, 40, 1000.0)
+    assert np.allclose(jacobian_norms(block.ssm, X, 39), jacobian_norms(block.ssm, 0 * X, 39))
+
+
+def test_cor_gate_closing_rank_one_directions_close_complementary_channels():
+    # Referee B 4: v and −v close the channels of the two signs of W_Δ v, all of them together.
+    from experiments.gradient_highway import channel_closing_input, with_low_rank_step
+
+    low = with_low_rank_step(SelectiveSSM.random(8, N=8, seed=0), 1, seed=0)
+    v = -np.linalg.svd(low.W_delta.numpy(force=True))[2][0]
+    one = set(channel_closing_input(low, 8, 0, v)[1])
+    other = set(channel_closing_input(low, 8, 0, -v)[1])
+    assert one == {3, 5, 7} and other == {0, 1, 2, 4, 6}

@@ -120,3 +120,26 @@ def test_prop_rank_attenuation_independent_resonant_input_grows_and_stable_norma
         with torch.no_grad():
             out = stable(torch.from_numpy(X)).numpy()
         assert np.linalg.norm(out, axis=1).max() <= bound
+
+
+def test_prop_rank_attenuation_independent_part3_bounds_the_scale_reach_not_the_g1_reach():
+    # Referee B 2: two normal modes 0.9, 0.89 with residues ±1 keep eps·‖C‖₂‖B‖_F only within
+    # ln(1/eps)/ln(1/ρ) steps (part 3), but their reach relative to g(1) goes well beyond it.
+    from experiments.tradeoff import scale_reach
+
+    two = LinearSSM(np.diag([0.9, 0.89]), np.ones((2, 1)), [[1.0, -1.0]])
+    g = jacobian_norms(two, np.zeros((128, 1)), 127)[::-1]
+    count = math.log(1e3) / math.log(1 / 0.9)
+    assert np.allclose(g, np.abs(0.9 ** np.arange(128) - 0.89 ** np.arange(128)), atol=1e-15)
+    assert scale_reach(g, math.sqrt(2) * math.sqrt(2), 1e-3) <= count < reach(g, 1e-3)
+    assert reach(g, 1e-3) == 105
+    single = 0.9 ** np.arange(128)  # one mode: the count is exact (g(1) = ρ: one step more)
+    assert scale_reach(single, 1.0, 1e-3) == math.floor(count) == reach(single, 1e-3) - 1
+
+
+def test_slowest_mode_reach_is_where_a_mode_falls_to_eps():
+    from experiments.tradeoff import slowest_mode_reach
+
+    D = slowest_mode_reach(1e-3, 0.5)
+    assert math.isclose(math.exp(-1e-3 * 0.5 * D), 1e-3)
+    assert round(slowest_mode_reach(1e-3, 1.0)) == 6908 and round(D) == 13816
