@@ -402,7 +402,7 @@ def flat_real_mode_layer(d: int, rates: Sequence[float], n: int) -> DiagonalSSM:
     the weighted modes): every σ_q(G) is 1. Needs d <= len(rates) <= n."""
     rates = np.asarray(rates, dtype=np.float64)
     ell = np.arange(n)[:, None]
-    modes = np.sqrt(n - ell) * np.expm1(-rates) / -rates * np.exp(-rates * ell)  # √(n−ℓ) B̄_m λ_m^ℓ
+    modes = np.sqrt(n - ell) * np.expm1(-rates) / -rates * np.exp(-rates * ell)  # √(n−ℓ) B̃_m λ_m^ℓ
     R = np.linalg.qr(modes)[1]
     C = np.linalg.solve(R, np.eye(len(rates))[:, :d]).T  # modes @ C[q] is the q-th column of Q
     return DiagonalSSM(np.zeros(d), np.tile(np.log(rates), (d, 1)), C, np.zeros(d))
