@@ -343,12 +343,56 @@ def with_copied_channel(layer: DiagonalSSM, source: int = 0, target: int = 1) ->
     return twin
 
 
-def without_skip(layer: SharedStateSSM) -> SharedStateSSM:
-    """A copy of an S5 layer with D = 0: the node 0 has no residue, so k_n <= N (non-generic)."""
+def without_skip(layer: DiagonalSSM | SharedStateSSM) -> DiagonalSSM | SharedStateSSM:
+    """A copy of a layer with D = 0, its kernel alone. For S5 the node 0 then has no residue,
+    so k_n <= N (non-generic)."""
     bare = copy.deepcopy(layer)
     with torch.no_grad():
         bare.D.zero_()
     return bare
+
+
+def skip_share(layer: DiagonalSSM | SharedStateSSM, n: int, covariance: Any = None) -> float:
+    """The skip's share of the weighted lag energy: s / (s + ‖G_Σ‖²_F of the kernel alone), with
+    s = n tr(diag(D) Σ diag(D)) the skip's and ‖G_Σ‖²_F = Σ_ℓ (n − ℓ) tr(K_ℓ Σ K_ℓᵀ) the lags'
+    of the layer with D = 0 (Σ = I if covariance is None). In [0, 1]."""
+    kernel = without_skip(layer).lags(n).detach().double().numpy()
+    S = np.eye(layer.d) if covariance is None else np.asarray(covariance, dtype=np.float64)
+    weights = n - np.arange(n)
+    rest = float(np.einsum("l,lpd,de,lpe->", weights, kernel, S, kernel))
+    D = layer.D.detach().double().numpy()
+    skip = n * float(D**2 @ np.diag(S))
+    return skip / (skip + rest)
+
+
+def hippo_n_modes(N: int) -> tuple[np.ndarray, np.ndarray]:
+    """S5's HiPPO-N initialisation: the eigenvalues of the normal part A + ppᵀ of HiPPO-LegS
+    (A_ij = −√(2i+1)√(2j+1) for i > j, A_ii = −(i + 1), p_i = √(i + ½)), N states; the N/2 with
+    positive imaginary part as (A_log, A_imag) of a SharedStateSSM (λc = −e^{A_log} + i A_imag)."""
+    i = np.arange(N)
+    A = np.tril(-np.sqrt(2 * i[:, None] + 1) * np.sqrt(2 * i[None, :] + 1), -1) - np.diag(i + 1.0)
+    p = np.sqrt(i + 0.5)
+    eig = np.linalg.eigvals(A + np.outer(p, p))
+    upper = eig[eig.imag > 0]
+    upper = upper[np.argsort(upper.imag)]  # by frequency
+    return np.log(-upper.real), upper.imag
+
+
+def with_hippo_n(layer: SharedStateSSM) -> SharedStateSSM:
+    """A copy of an S5 layer whose modes are HiPPO-N's (`hippo_n_modes`), everything else kept."""
+    twin = copy.deepcopy(layer)
+    A_log, A_imag = hippo_n_modes(layer.N)
+    with torch.no_grad():
+        twin.A_log.copy_(torch.from_numpy(A_log))
+        twin.A_imag.copy_(torch.from_numpy(A_imag))
+    return twin
+
+
+def covariance_rank(covariance: Any, rtol: float = 1e-10) -> tuple[int, float]:
+    """(rank of Σ counting eigenvalues > rtol·λ_1, largest dropped eigenvalue / λ_1 (0 if none))."""
+    eig = np.linalg.eigvalsh(np.asarray(covariance, dtype=np.float64))[::-1]
+    rank = int((eig > rtol * eig[0]).sum())
+    return rank, float(max(eig[rank], 0.0) / eig[0]) if rank < len(eig) else 0.0
 
 
 def flat_real_mode_layer(d: int, rates: Sequence[float], n: int) -> DiagonalSSM:
@@ -358,7 +402,7 @@ def flat_real_mode_layer(d: int, rates: Sequence[float], n: int) -> DiagonalSSM:
     the weighted modes): every σ_q(G) is 1. Needs d <= len(rates) <= n."""
     rates = np.asarray(rates, dtype=np.float64)
     ell = np.arange(n)[:, None]
-    modes = np.sqrt(n - ell) * np.expm1(-rates) / -rates * np.exp(-rates * ell)  # √(n−ℓ) B̄_m λ_m^ℓ
+    modes = np.sqrt(n - ell) * np.expm1(-rates) / -rates * np.exp(-rates * ell)  # √(n−ℓ) B̃_m λ_m^ℓ
     R = np.linalg.qr(modes)[1]
     C = np.linalg.solve(R, np.eye(len(rates))[:, :d]).T  # modes @ C[q] is the q-th column of Q
     return DiagonalSSM(np.zeros(d), np.tile(np.log(rates), (d, 1)), C, np.zeros(d))

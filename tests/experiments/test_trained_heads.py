@@ -21,6 +21,7 @@ from experiments.trained_heads import (COUNT_CHANGE, DigitSequences, _extended_k
                                        train_classifier, truncation_error_samples, truncation_errors,
                                        truncation_sweep, truncations, validation_split, wilson_interval,
                                        with_copied_channel, without_skip)
+from experiments.trained_heads import covariance_rank, hippo_n_modes, skip_share, with_hippo_n
 from lib import (DiagonalSSM, SharedStateSSM, heads_needed, min_heads, optimal_head_errors, population_error,
                  relative_error, truncated_heads)
 
@@ -460,3 +461,70 @@ def test_seeds_notebook_trains_at_the_settings_digits_kept():
         assert sorted(set(part["lr"])) == sorted(digits["lrs"]) and sorted(set(part["epochs"])) == digits["epoch_grid"]
         best = part.loc[part["validation accuracy"].idxmax()]
         assert (best["lr"], best["epochs"]) == pytest.approx((lr, epochs), rel=1e-12)
+
+
+# -- referee C: the skip's share, D = 0 for S4D, HiPPO-N, Σ's rank per block ---------------------
+
+
+def test_skip_share_by_a_loop_and_its_limits():
+    # Independent route: Σ_ℓ (n − ℓ) tr(L_ℓ Σ L_ℓᵀ) by a loop over lags; share 0 without skip, 1 without kernel.
+    n, rng = 9, np.random.default_rng(0)
+    for layer in (DiagonalSSM.random(4, 2, init="lin", seed=1), SharedStateSSM.random(3, 4, seed=2)):
+        layer = layer.double()
+        A = rng.standard_normal((layer.d, layer.d))
+        for S in (None, A @ A.T):
+            M = np.eye(layer.d) if S is None else S
+            L, D = lags_np(layer, n), layer.D.detach().numpy()
+            L[0] -= np.diag(D)                                       # the kernel alone
+            rest = sum((n - l) * np.trace(L[l] @ M @ L[l].T) for l in range(n))
+            skip = sum(n * D[i] ** 2 * M[i, i] for i in range(layer.d))
+            assert abs(skip_share(layer, n, S) - skip / (skip + rest)) < 1e-12
+            assert skip_share(without_skip(layer), n, S) == 0.0
+        kernel_free = without_skip(layer)
+        with torch.no_grad():
+            kernel_free.C.zero_()
+            kernel_free.D.copy_(layer.D)
+        assert abs(skip_share(kernel_free, n) - 1) < 1e-12
+
+
+def test_without_skip_keeps_the_kernel_of_an_s4d_layer():
+    layer = DiagonalSSM.random(5, 2, init="real", seed=3).double()
+    bare = without_skip(layer)
+    L, B = lags_np(layer, 6), lags_np(bare, 6)
+    assert np.array_equal(L[1:], B[1:]) and np.allclose(L[0] - B[0], np.diag(layer.D.detach().numpy()))
+    assert bare.D.abs().max() == 0 and layer.D.abs().min() > 0
+
+
+def test_prop_trained_lag_span_hippo_n_initialisation_is_generic():
+    # S5's own initialisation: HiPPO-N eigenvalues, real parts −½, none real, so k = N + 1 (the page's check).
+    A_log, A_imag = hippo_n_modes(32)
+    assert np.allclose(np.exp(A_log), 0.5) and A_imag.min() > 0.3 and len(A_imag) == 16
+    i = np.arange(4)  # independent route for N = 4: the normal part built entry by entry
+    S = np.array([[(-(a + 1) if a == b else -np.sqrt((2 * a + 1) * (2 * b + 1)) * (a > b))
+                   + np.sqrt((a + .5) * (b + .5)) for b in i] for a in i])
+    ref = np.linalg.eigvals(S)
+    ref = np.sort(ref[ref.imag > 0].imag) * 1j - 0.5  # the real parts: −½
+    assert np.allclose(-np.exp(hippo_n_modes(4)[0]) + 1j * hippo_n_modes(4)[1], ref, atol=1e-12)
+    for d, N in ((32, 32), (4, 8)):
+        layer = SharedStateSSM.random(d, N, seed=0)
+        assert exact_lag_span_dimension(layer, 64).k == N                 # S4D-Lin: a real mode
+        assert exact_lag_span_dimension(with_hippo_n(layer), 64).k == N + 1
+
+
+def test_covariance_rank_of_the_block_inputs_is_two_then_d_minus_one():
+    # Block 1 sees LayerNorm(w·pixel + b): a plane, rank 2; block 2 a LayerNorm hyperplane, rank d − 1.
+    data = load_digit_sequences(0.25, 0)
+    model = as_float64(classifier("s4d-lin", 8, state=8, seed=0))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for norm in model.norms:
+            norm.weight.add_(0.3 * torch.randn(8, generator=g, dtype=norm.weight.dtype))
+            norm.bias.add_(0.3 * torch.randn(8, generator=g, dtype=norm.bias.dtype))
+    first, second = (input_moments(x) for x in model.layer_inputs(data.X_train[:200]))
+    assert covariance_rank(first[1])[0] == 2 and covariance_rank(second[1])[0] == 7
+    assert covariance_rank(np.diag([1.0, 1e-3, 1e-14]))[0] == 2 and covariance_rank(np.eye(3)) == (3, 0.0)
+    # every pixel value, seen or not, gives a token in x̄ + range Σ: the corollary's hypothesis
+    unseen = model.layer_inputs(np.linspace(-3, 20, 64)[None, :, None])[0][0] - first[0]
+    w, V = np.linalg.eigh(first[1])
+    basis = V[:, w > 1e-10 * w.max()]
+    assert np.abs(unseen - unseen @ basis @ basis.T).max() < 1e-10
