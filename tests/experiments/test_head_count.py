@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiments.head_count import (
-    aliased_eigenvalue_count,
-    distinct_eigenvalue_count,
     TokenDependentHeads,
+    aliased_eigenvalue_count,
     cayley_dickson_values,
     complex_values,
     composition_defect,
     continuous_head_errors,
+    distinct_eigenvalue_count,
     elementary_nonsingular_bound,
     half_circle_bisection,
     hopf_stiefel_number,
