@@ -532,6 +532,25 @@ def token_miss(ssm: Any, n: int, values: np.ndarray, token: np.ndarray, rtol: fl
 # -- heads needed: the lag bound and the continuous limit ---------------------------------------
 
 
+def aliased_eigenvalue_count(N: int, j: int) -> int:
+    """Distinct eigenvalues of the S4D-Lin system of N modes at the step Δ = 1/j (zero-order hold).
+
+    ρe^{±iπm/j} for m = 1..⌊N/2⌋ (and ρ if N is odd) depend only on ±m mod 2j
+    ({prf:ref}`prop-heads-needed-aliasing`): the number of distinct residues, at most min(N, 2j).
+    """
+    residues = {(s * m) % (2 * j) for m in range(1, N // 2 + 1) for s in (1, -1)}
+    return len(residues | ({0} if N % 2 else set()))
+
+
+def distinct_eigenvalue_count(A: np.ndarray, atol: float = 1e-8) -> int:
+    """Eigenvalues of A (N, N) counted once per cluster of width atol (numpy's eigvals)."""
+    found: list[complex] = []
+    for value in np.linalg.eigvals(A):
+        if all(abs(value - other) > atol for other in found):
+            found.append(value)
+    return len(found)
+
+
 def lag_energy_count(ssm: Any, n: int, eps: float) -> int:
     """L_ε, the least L with Σ_{ℓ>=L} (n−ℓ)‖L_ℓ‖²_F <= eps Σ_ℓ (n−ℓ)‖L_ℓ‖²_F (0 if every lag vanishes).
 

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from experiments.head_count import (
     TokenDependentHeads,
+    aliased_eigenvalue_count,
     cayley_dickson_values,
     complex_values,
     composition_defect,
     continuous_head_errors,
+    distinct_eigenvalue_count,
     elementary_nonsingular_bound,
     half_circle_bisection,
     hopf_stiefel_number,
@@ -772,6 +774,32 @@ def test_prop_heads_needed_lag_bound_is_tight_for_orthonormal_lags():
         expected = min(H for H in range(5) if weights[H:].sum() <= eps * weights.sum())
         assert heads_needed(shift, n, eps) == lag_energy_count(shift, n, eps) == expected
     assert lag_energy_count(ssm_from(0.5 * np.eye(2), np.zeros((2, 1)), np.ones((1, 2))), n, 0.1) == 0
+
+
+# -- prop-heads-needed-aliasing ------------------------------------------------------------------
+
+
+def test_prop_heads_needed_aliasing_counts_distinct_eigenvalues_and_caps_k():
+    # At Δ = 1/j the eigenvalues ρe^{±iπm/j} of the S4D-Lin system coincide modulo 2j: three counts
+    # of the distinct ones agree (residues; the closed-form eigenvalues; numpy on the built A), and
+    # k_n (rank of the non-decaying lags of A/ρ) is at most min(N, 2j) — here equal to the count.
+    for N, j in [(6, 1), (7, 1), (8, 2), (16, 5), (16, 20), (24, 3), (9, 4)]:
+        rho = float(np.exp(-1 / (2 * j)))
+        ssm = s4d_ssm(N, 8, rho, init="lin", seed=2)
+        A = ssm.A.numpy(force=True)
+        closed = np.exp(1j * np.pi * np.concatenate([np.arange(1, N // 2 + 1), -np.arange(1, N // 2 + 1),
+                                                    [0] * (N % 2)]) / j)
+        distinct = len({(round(z.real, 9) + 0.0, round(z.imag, 9) + 0.0) for z in closed})
+        count = aliased_eigenvalue_count(N, j)
+        assert count == distinct == distinct_eigenvalue_count(A) <= min(N, 2 * j)
+        rescaled = ssm_from(A / rho, ssm.B.numpy(force=True), ssm.C.numpy(force=True))
+        lags = lags_np(rescaled, 2 * N).reshape(2 * N, -1)
+        s = np.linalg.svd(lags, compute_uv=False)
+        k = int((s > 1e-9 * s[0]).sum())
+        assert k == count <= min(N, 2 * j)
+    # Off the special steps no two eigenvalues coincide: k = N.
+    generic = s4d_ssm(16, 8, 0.6, init="lin", seed=2)
+    assert distinct_eigenvalue_count(generic.A.numpy(force=True)) == 16 == min_heads(generic, 64)
 
 
 def _relative_tails(ssm, n, H_max):
