@@ -1292,3 +1292,52 @@ def prescribed_jacobian(rnn: Any, sets: Any, i: int, j: int, *, saturation: floa
     for t in range(j + 1, i + 1):
         M = slopes(sets[t]) * (W @ M)
     return C @ M
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """ALiBi's slopes 2^{−8h/H}, h = 1..H (Press et al. 2022), steepest first."""
+    return 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+
+
+def alibi_reach(two_S: float, slope: float) -> float:
+    """D* = (2S + ln(1 + 2S)) / β: the distance beyond which the envelope (1 + 2S)e^{2S − βD} of
+    {prf:ref}`cor-attention-price` 2 falls below 1, i.e. below ‖V‖₂; below D* it does not bound."""
+    return (two_S + math.log1p(two_S)) / slope
+
+
+def bounded_planted_alibi(attention: SoftmaxAttention, n: int, D: int, slope: float, *,
+                          seed: Any = 0) -> tuple[float, float]:
+    """(α_{i,i−D}, ‖J_{i,i−D}‖₂/‖V‖₂) of head 0 of `attention` with ALiBi scores −slope·ℓ at the last
+    query i = n − 1, on a bounded input: every token of norm R = √d (random directions), the query
+    x_i = R · the top right singular vector of W_Kᵀ W_Q, the key x_{i−D} = R · g/‖g‖ with
+    g = W_Kᵀ W_Q x_i / √d_k. J = α V [I + (x_j − x̄_i) gᵀ] (one head, input-independent bias)."""
+    d, i, j, R = attention.d, n - 1, n - 1 - D, math.sqrt(attention.d)
+    X = np.random.default_rng(seed).standard_normal((n, d))
+    X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+    W_Q, W_K = _array(attention.W_Q[0]), _array(attention.W_K[0])
+    M = W_K.T @ W_Q
+    X[i] = R * np.linalg.svd(M)[2][0]
+    g = M @ X[i] / math.sqrt(attention.d_k)
+    X[j] = R * g / np.linalg.norm(g)
+    biased = with_position_bias(attention, -slope * np.arange(n))
+    alpha = _array(biased.weights(torch.from_numpy(X)))[0, i, : i + 1]
+    V = _array(attention.values()[0])
+    J = alpha[j] * V @ (np.eye(d) + np.outer(X[j] - alpha @ X[: i + 1], g))
+    return float(alpha[j]), float(np.linalg.norm(J, 2) / np.linalg.norm(V, 2))
+
+
+def sharp_price_horizon(S: float, eps: float) -> float:
+    """ln of the largest position i at which a one-head layer without bias, content scores in [−S, S]
+    (S > 0), can have ‖J_ij‖₂ >= (1 − ε)‖V‖₂, by the middle bound α(1 + 2S(1 − α)) of
+    {prf:ref}`cor-attention-price`: i <= e^{2S}(1/α_min − 1), α_min = [(1 + 2S) − √((1 + 2S)² − 8S(1 − ε))]/(4S)
+    = 2(1 − ε)/[(1 + 2S) + √(…)], the least weight in [0, 1] with α(1 + 2S(1 − α)) >= 1 − ε."""
+    a = 2 * (1 - eps) / ((1 + 2 * S) + math.sqrt((1 + 2 * S) ** 2 - 8 * S * (1 - eps)))
+    return 2 * S + math.log(1 / a - 1)
+
+
+def standard_lin_stack(d: int, depth: int, *, state_size: int = 8, residual: bool = True, seed: Any = 0) -> Stack:
+    """`depth` S4D-Lin layers at S4D's standard initialisation, `DiagonalSSM.random(d, state_size, "lin")`
+    with steps log-uniform in STANDARD_STEPS (skip D included), one SeedSequence stream per layer."""
+    seeds = np.random.SeedSequence(seed).spawn(depth)
+    return Stack([DiagonalSSM.random(d, state_size, init="lin", step_range=STANDARD_STEPS, seed=s)
+                  for s in seeds], residual=residual)

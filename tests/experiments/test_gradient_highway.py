@@ -8,6 +8,8 @@ from math import comb
 import numpy as np
 import pytest
 import torch
+
+import lib
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1716,3 +1718,53 @@ def test_cor_gate_closing_rank_one_directions_close_complementary_channels():
     one = set(channel_closing_input(low, 8, 0, v)[1])
     other = set(channel_closing_input(low, 8, 0, -v)[1])
     assert one == {3, 5, 7} and other == {0, 1, 2, 4, 6}
+
+
+# Referee B2: ALiBi's reach D*, the sharp price horizon, the standard-init stack.
+
+def test_cor_attention_price_bounded_planted_alibi_matches_autograd_and_opens_below_the_reach():
+    att = SoftmaxAttention.random(8, 8, d_k=4, seed=3)
+    n, D, slope = 24, 10, 0.05
+    alpha, ratio = gh.bounded_planted_alibi(att, n, D, slope, seed=1)
+    # the formula J = αV[I + (x_j − x̄)gᵀ] against autograd on the same input
+    d, i, j, R = 8, n - 1, n - 1 - D, math.sqrt(8)
+    X = np.random.default_rng(1).standard_normal((n, d))
+    X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+    M = att.W_K[0].numpy(force=True).T @ att.W_Q[0].numpy(force=True)
+    X[i] = R * np.linalg.svd(M)[2][0]
+    g = M @ X[i] / 2.0
+    X[j] = R * g / np.linalg.norm(g)
+    biased = gh.with_position_bias(att, -slope * np.arange(n))
+    J = jacobian_blocks(biased, X, i)[j]
+    V = att.values()[0].numpy(force=True)
+    assert abs(np.linalg.norm(J, 2) / np.linalg.norm(V, 2) / ratio - 1) < 1e-10
+    # the envelope equals ‖V‖ exactly at D* and the bound does not constrain below it
+    two_S = 2 * gh.score_bound(att, R)
+    reach = gh.alibi_reach(two_S, slope)
+    assert abs((1 + two_S) * math.exp(two_S - slope * reach) - 1) < 1e-9
+    assert D < reach and ratio > 0.99
+    assert np.allclose(gh.alibi_slopes(8), 2.0 ** -np.arange(1, 9))
+
+
+def test_cor_attention_price_sharp_horizon_is_attained_by_the_one_dimensional_example():
+    one_d = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    ok = []
+    for i in range(1, 31):
+        X = np.ones((i + 1, 1))
+        X[i // 2] = -1.0
+        ok.append(abs(jacobian_blocks(one_d, X, i)[i // 2, 0, 0] - 1) <= 0.1)
+    horizon = math.exp(gh.sharp_price_horizon(1.0, 0.1))
+    assert abs(horizon - 10.4335) < 1e-3
+    assert max(i for i, v in enumerate(ok, 1) if v) == int(horizon) == 10
+    assert abs(math.exp(gh.sharp_price_horizon(1.1717, 0.1)) - 18.51) < 0.01
+    for S in (0.1, 1.0, 5.0, 50.0):  # never above the form the last bound gives
+        assert gh.sharp_price_horizon(S, 0.1) <= 2 * S + math.log((2 * S + 0.1) / 0.9)
+
+
+def test_prop_stack_decay_standard_init_stack_passes_far_more_than_the_rho_09_stack():
+    X = np.random.default_rng(0).standard_normal((129, 4))
+    standard = gh.standard_lin_stack(4, 8, seed=[0, 8])
+    slow = gh.lti_stack(4, 8, residual=True, seed=[0, 8], spectral_radius=0.9, ssm="s4d-lin")
+    far = [jacobian_norms(s, X, 128)[::-1][128] for s in (standard, slow)]
+    assert far[0] > 100 * far[1]  # 0.30 vs 1.9e-3 at D = 128 (vs 2.4 and 3e-17 at 512)
+    assert abs(lib.s4d_step(0.9, "lin") - 2 * math.log(1 / 0.9)) < 1e-12
