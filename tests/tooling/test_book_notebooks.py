@@ -1,8 +1,8 @@
 """Conventions every notebook of the real book follows (checked on the committed sources)."""
-
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import nbformat
@@ -43,6 +43,14 @@ def test_committed_without_outputs(path):
     dirty = [i + 1 for i, c in enumerate(nb.cells)
              if c.cell_type == "code" and (c.outputs or c.execution_count)]
     assert not dirty, f"cells {dirty} carry outputs: commit notebooks cleared"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_every_cell_has_an_id(path):
+    # nbformat fills a missing id on read (and warns); read the raw JSON instead.
+    cells = json.loads((BOOK.root / path).read_text())["cells"]
+    missing = [i + 1 for i, c in enumerate(cells) if "id" not in c]
+    assert not missing, f"cells {missing} have no id: normalise the notebook"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS)
