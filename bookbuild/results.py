@@ -64,6 +64,12 @@ def compare_table(run: Path, committed: Path, name: str) -> list[str]:
     return problems
 
 
+def changed_params(committed: dict, run: dict) -> dict:
+    """{name: (committed, build)} for parameters both record that differ (an added one is no change)."""
+    old, new = committed.get("params") or {}, run.get("params") or {}
+    return {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+
+
 def compare_all(book: Book) -> list[str]:
     """Every difference between the build's tables and the committed ones."""
     profile = read_json(book.report_path, {}).get("profile")
@@ -82,10 +88,9 @@ def compare_all(book: Book) -> list[str]:
         elif _meta(committed[name]).get("profile") != "published":
             problems.append(f"{name}: committed copy was made with profile "
                             f"{_meta(committed[name]).get('profile')!r}, not 'published'")
-        elif _meta(run[name]).get("params") != _meta(committed[name]).get("params"):
+        elif changed := changed_params(_meta(committed[name]), _meta(run[name])):
             problems.append(f"{name}: parameters changed since the committed copy "
-                            f"({_meta(committed[name]).get('params')} -> "
-                            f"{_meta(run[name]).get('params')}); run `make data` to accept")
+                            f"({changed}); run `make data` to accept")
         else:
             problems += compare_table(run[name], committed[name], name)
     return problems

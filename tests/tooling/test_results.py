@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from bookbuild.results import compare_table
+from bookbuild.results import changed_params, compare_table
 
 
 def write_table(folder, name, text, **meta):
@@ -44,3 +44,10 @@ def test_compare_table_reports_a_few_lines_per_table(tmp_path):
     committed = write_table(tmp_path / "ref", "t", "x\n" + "1\n" * 20)
     problems = compare_table(write_table(tmp_path / "a", "t", "x\n" + "2\n" * 20), committed, "t")
     assert len(problems) == 9 and problems[-1] == "t: ... 12 more values drift"
+
+
+def test_changed_params_ignores_added_and_removed_parameters():
+    committed = {"params": {"seed": 0, "n": 64, "old": 1}}
+    assert changed_params(committed, {"params": {"seed": 0, "n": 64, "new": [1, 2]}}) == {}
+    assert changed_params(committed, {"params": {"seed": 1, "n": 64}}) == {"seed": (0, 1)}
+    assert changed_params({}, {"params": {"seed": 0}}) == {}
