@@ -87,3 +87,11 @@ def test_chapter_notebooks_are_formatted():
     proc = subprocess.run([ruff, "format", "--check", "chapters"], cwd=BOOK.root, capture_output=True, text=True)
     unformatted = [line for line in proc.stdout.splitlines() if line.startswith("Would reformat")]
     assert proc.returncode == 0, "run `.venv/bin/ruff format chapters`: " + "; ".join(unformatted or [proc.stderr])
+
+
+def test_every_reference_has_a_link():
+    entries = re.findall(r"^@\w+\{([^,]+),(.*?)^\}", (BOOK.root / "references.bib").read_text(),
+                         re.M | re.S)
+    assert len(entries) >= 19
+    unlinked = [key for key, body in entries if not re.search(r"^\s*(url|doi)\s*=", body, re.M)]
+    assert not unlinked, f"references without a url or doi: {unlinked}"
