@@ -21,12 +21,16 @@ PAGE_TIMEOUT_MS = 60_000
 _TYPESET = """async () => { const startup = window.MathJax && MathJax.startup;
     if (startup && startup.promise) { await startup.promise; return true; } return false; }"""
 
-# Blocks of the page body that scroll sideways: outputs (tables), code, literal blocks.
-_OVERFLOWING = """() => [...document.querySelectorAll(
-        'main .cell_output .output, main .cell_input pre, main div.highlight pre')]
+# Blocks of the page body wider than the column: outputs (tables), code, literal blocks,
+# display math; and display math that would be clipped, not scrolled, on a narrow screen.
+_OVERFLOWING = """() => [...document.querySelectorAll('main .cell_output .output, main .cell_input pre, '
+        + 'main div.highlight pre, main mjx-container[display="true"]')]
     .filter(el => el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2)
     .map(el => `${el.scrollWidth} px in ${el.clientWidth}: `
-               + JSON.stringify(el.textContent.trim().replace(/\\s+/g, ' ').slice(0, 40)))"""
+               + JSON.stringify(el.textContent.trim().replace(/\\s+/g, ' ').slice(0, 40)))
+    .concat([...document.querySelectorAll('main mjx-container[display="true"]')]
+        .filter(el => !['auto', 'scroll'].includes(getComputedStyle(el).overflowX)).slice(0, 1)
+        .map(el => 'display math that a narrow screen clips (overflow-x is not auto)'))"""
 
 
 def find_chromium() -> str | None:
@@ -98,8 +102,11 @@ class Browser:
                                    f"(document.querySelector('{summary}') || {{}}).innerText)")
             return page.locator(summary).inner_text()
 
-    def print_pdf(self, url: str, pdf: Path) -> None:
-        """Print the page to ``pdf`` once MathJax has typeset it."""
+    def print_pdf(self, url: str, pdf: Path, footer: str = "<span></span>") -> None:
+        """Print the page to ``pdf`` once MathJax has typeset it: bookmarks from its headings,
+        ``footer`` (Chromium's template: ``pageNumber``, ``totalPages`` spans) on every page."""
         with self.page(url) as page:
             page.evaluate(_TYPESET)
-            page.pdf(path=str(pdf), print_background=True, prefer_css_page_size=True)
+            page.pdf(path=str(pdf), print_background=True, prefer_css_page_size=True,
+                     outline=True, tagged=True, display_header_footer=True,
+                     header_template="<span></span>", footer_template=footer)

@@ -22,3 +22,19 @@ def test_render_waits_for_mathjax_to_finish_not_for_a_time_budget(tmp_path):
     assert late.typeset and late.dom.count("<mjx-container") == 1
     assert (tmp_path / "page.png").exists()
     assert not plain.typeset and "<mjx-container" not in plain.dom
+
+
+def test_wide_display_math_is_reported_and_so_is_math_that_would_clip(tmp_path):
+    def page(name, width, overflow):
+        (tmp_path / name).write_text(
+            f'<html><body><main style="width:300px"><mjx-container display="true" style="display:'
+            f'block;overflow-x:{overflow}"><span style="display:inline-block;width:{width}px">'
+            "W_ij</span></mjx-container></main></body></html>")
+
+    page("wide.html", 900, "visible")
+    page("fits.html", 200, "auto")
+    with serve(tmp_path) as base, Browser(find_chromium()) as browser:
+        wide, fits = (browser.render(f"{base}/{n}.html").overflowing for n in ("wide", "fits"))
+    assert wide == ['900 px in 300: "W_ij"',
+                    "display math that a narrow screen clips (overflow-x is not auto)"]
+    assert fits == []
