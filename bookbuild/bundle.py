@@ -13,11 +13,13 @@ import re
 import shutil
 import subprocess
 import time
+import unicodedata
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import yaml
 
 from .book import Book, BookError
 from .browser import Browser, find_chromium, serve
@@ -36,7 +38,25 @@ span[id^="document-"] { display: block; break-before: page; }
 :root:root:root *, :root:root:root *::before, :root:root:root *::after {
   box-shadow: none !important; text-shadow: none !important; }
 pre { white-space: pre-wrap !important; overflow-wrap: anywhere; }
+#jb-print-docs-body, .run-locally, details.hide > summary, .headerlink, .copybtn,
+  .toggle-button, .prev-next-area { display: none !important; }
+.bd-main .bd-content .bd-article h1:first-of-type { display: block !important; }
+.print-title { text-align: center; padding-top: 30%; }
+.print-title .book { font-size: 2.2em; font-weight: bold; margin-bottom: 1em; }
+.print-contents ul { list-style: none; padding: 0; }
+.print-contents li { display: flex; gap: 0.6em; margin: 0.15em 0; }
+.print-contents li a { flex: 1; }
+.print-contents li.part { font-weight: bold; margin-top: 0.9em; }
+.print-contents li.section { padding-left: 1.6em; }
 </style>"""
+#: Chromium's footer template: the page number on every page.
+FOOTER = ('<div style="width:100%;text-align:center;font-size:10px;color:#444">'
+          '<span class="pageNumber"></span> / <span class="totalPages"></span></div>')
+#: Text of the site's widgets, which has no place in print.
+WIDGET_TEXT = ("Show code cell", "Hide code cell", "Run this locally", "Copy to clipboard",
+               "Click to show", "Toggle hidden content")
+_LOCAL_URI = re.compile(r"^(https?://(127\.0\.0\.1|localhost|0\.0\.0\.0)\b|file:)", re.I)
+_SITE_LINK = re.compile(r'(<a\b[^>]*?\shref=)"(?![a-z][a-z0-9+.-]*:|#)([^"#]*?)(\.html)?(#[^"]*)?"', re.I)
 
 README = """\
 How Many Heads Make an SSM? -- an executable book, offline copy (commit {commit})
@@ -59,6 +79,109 @@ class BundleError(BookError):
     """``make bundle`` could not produce an archive."""
 
 
+def book_outline(book: Book) -> list[tuple[str, str]]:
+    """``_toc.yml`` in reading order: ("part", caption), ("chapter" | "section", docname)."""
+    toc, out = yaml.safe_load((book.root / "_toc.yml").read_text()), []
+
+    def walk(items, depth):
+        for item in items or []:
+            if "file" in item:
+                out.append(("chapter" if depth == 0 else "section", str(Path(item["file"]).with_suffix(""))))
+            walk(item.get("sections"), depth + 1)
+
+    out.append(("chapter", str(Path(toc["root"]).with_suffix(""))))
+    for part in toc.get("parts") or [{"chapters": toc.get("chapters")}]:
+        out += [("part", part["caption"])] if part.get("caption") else []
+        walk(part.get("chapters"), 0)
+    return out
+
+
+def page_titles(book: Book) -> dict[str, str]:
+    """docname -> its title, as the site's page shows it."""
+    suffix = f" \u2014 {yaml.safe_load((book.root / '_config.yml').read_text()).get('title', '')}"
+    titles = {}
+    for page in book.pages:
+        site = book.html / page.with_suffix(".html")
+        found = re.search(r"<title>(.*?)</title>", site.read_text() if site.exists() else "", re.S)
+        titles[page.with_suffix("").as_posix()] = html.unescape(found.group(1)).strip().removesuffix(suffix) \
+            if found else page.stem
+    return titles
+
+
+def print_html(book: Book, page: str, starts: dict[str, int] | None = None) -> str:
+    """The single page made for print: a title page, a contents list with the PDF page of every
+    document (``starts``; blank before the first printing), a hidden link to each document (so
+    Chromium writes its named destination), and links into the site turned into links within."""
+    outline, titles, root = book_outline(book), page_titles(book), book.pages[0].with_suffix("").as_posix()
+    title = yaml.safe_load((book.root / "_config.yml").read_text()).get("title", "")
+    items = "".join(
+        f'<li class="part">{html.escape(name)}</li>' if kind == "part" else
+        f'<li class="{kind}"><a href="#document-{html.escape(name)}">{html.escape(titles.get(name, name))}'
+        f'</a><span>{(starts or {}).get(name, "000")}</span></li>' for kind, name in outline)
+    front = (f'<div class="print-title"><p class="book">{html.escape(title)}</p><p>An executable '
+             "reconstruction of A. Ghodsi, <i>How Many Heads Make an SSM? A Unified Framework for "
+             "Attention and State Space Models</i>, arXiv:2512.15115 (2025)</p>"
+             f"<p>Printed from commit {html.escape(book.commit())}</p></div>"
+             f'<span id="document-contents"></span><nav class="print-contents"><h1>Contents</h1>'
+             f'<ul>{items}</ul></nav><span id="document-{html.escape(root)}"></span>')
+    links = "".join(f'<a href="#document-{html.escape(name)}"></a>'
+                    for name in ["contents"] + [n for kind, n in outline if kind != "part"])
+
+    def local(match):  # a link into the site: to its document within the PDF, or no link
+        path, fragment = match.group(2).lstrip("./"), match.group(4)
+        if fragment:
+            return f'{match.group(1)}"{fragment}"'
+        return f'{match.group(1)}"#document-{path}"' if match.group(3) and path in titles else match.group(1) + '""'
+
+    page = _SITE_LINK.sub(local, page).replace("</head>", PRINT_CSS + "</head>", 1)
+    page = re.sub(r'(<article class="bd-article"[^>]*>)', lambda m: m.group(1) + front, page, count=1)
+    return page.replace("</body>", f'<div style="display:none">{links}</div></body>', 1)
+
+
+def nest_outline(pdf: Path, book: Book, starts: dict[str, int]) -> None:
+    """Bookmarks in ``_toc.yml``'s shape: parts, their chapters, the chapters' sections, each
+    document's own section headings (from Chromium's bookmarks of the headings)."""
+    from pypdf import PdfReader, PdfWriter
+
+    reader, flat = PdfReader(pdf), []  # (depth, title, 0-based page) of Chromium's bookmarks
+
+    def flatten(items, depth):
+        for item in items:
+            if isinstance(item, list):
+                flatten(item, depth + 1)
+            else:
+                flat.append((depth, item.title, reader.get_destination_page_number(item)))
+
+    flatten(reader.outline, 0)
+    outline, titles = book_outline(book), page_titles(book)
+    heads, at = {}, 0  # docname -> index of its heading in flat
+    for kind, name in outline:
+        found = next((i for i in range(at, len(flat)) if flat[i][2] == starts.get(name, 0) - 1), None)
+        if kind != "part" and found is not None:
+            heads[name], at = found, found + 1
+    ends = sorted(heads.values()) + [len(flat)]
+    writer = PdfWriter(clone_from=reader)
+    writer._root_object.pop("/Outlines", None)
+    if "contents" in starts:
+        writer.add_outline_item("Contents", starts["contents"] - 1)
+    part = chapter = None
+    for i, (kind, name) in enumerate(outline):
+        if kind == "part":
+            first = next((starts.get(n) for k, n in outline[i + 1:] if k != "part"), None) or 1
+            part = writer.add_outline_item(name, first - 1)
+            continue
+        item = writer.add_outline_item(titles.get(name, name), starts.get(name, 1) - 1,
+                                       part if kind == "chapter" else chapter)
+        chapter = item if kind == "chapter" else chapter
+        if name in heads:
+            depth, stop = flat[heads[name]][0], next(e for e in ends if e > heads[name])
+            for d, title, page in flat[heads[name] + 1:stop]:
+                if d == depth + 1:
+                    writer.add_outline_item(title, page, item)
+    with open(pdf, "wb") as handle:
+        writer.write(handle)
+
+
 def archive_path(book: Book) -> Path:
     return book.build / "bundle" / ARCHIVE
 
@@ -70,6 +193,13 @@ class PdfReport:
     images: dict[int, int] = field(default_factory=dict)  # page -> image XObjects drawn
     raw_tex: list[tuple[int, str]] = field(default_factory=list)
     starts: dict[str, int] = field(default_factory=dict)  # docname -> first page
+    bookmarks: list[tuple[int, str]] = field(default_factory=list)  # (depth, title) in order
+    texts: list[str] = field(default_factory=list)  # each page's text, whitespace collapsed
+    links: list[tuple[int, str]] = field(default_factory=list)  # (page, URI) of link annotations
+
+    def unnumbered(self) -> list[int]:
+        """Pages whose text lacks the footer ``<page> / <pages>``."""
+        return [p for p, text in enumerate(self.texts, 1) if f"{p} / {self.pages}" not in text]
 
     @property
     def image_count(self) -> int:
@@ -107,17 +237,32 @@ def _resources(resources, fonts: set, images: set, seen: set) -> None:
             _resources(xobject.get("/Resources"), fonts, images, seen)
 
 
-def analyse_pdf(data: bytes) -> PdfReport:
-    from pypdf import PdfReader
-
-    reader = PdfReader(io.BytesIO(data))
-    report = PdfReport(pages=len(reader.pages))
+def _starts(reader) -> dict[str, int]:
+    """docname -> the page (1-based) of its named destination ``/document-<docname>``."""
+    starts = {}
     for name, dest in reader.named_destinations.items():
         if name.lstrip("/").startswith("document-"):
             number = reader.get_destination_page_number(dest)
             if number is not None and number >= 0:
-                report.starts[name.lstrip("/").removeprefix("document-")] = number + 1
+                starts[name.lstrip("/").removeprefix("document-")] = number + 1
+    return starts
+
+
+def analyse_pdf(data: bytes) -> PdfReport:
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    report = PdfReport(pages=len(reader.pages), starts=_starts(reader))
+
+    def walk(items, depth):
+        for item in items:
+            walk(item, depth + 1) if isinstance(item, list) else report.bookmarks.append((depth, item.title))
+
+    walk(reader.outline, 0)
     for number, page in enumerate(reader.pages, 1):
+        report.texts.append(" ".join(unicodedata.normalize("NFKC", page.extract_text()).split()))
+        report.links += [(number, str(uri)) for a in page.get("/Annots") or []
+                         if (uri := (a.get_object().get("/A") or {}).get("/URI")) is not None]
         fonts, images = set(), set()
         _resources(page.get("/Resources"), fonts, images, set())
         if any(_MATH_FONT.search(f) for f in fonts):
@@ -133,6 +278,42 @@ def analyse_pdf(data: bytes) -> PdfReport:
         page.extract_text(visitor_text=visit)
         report.raw_tex += [(number, m.group(0)[:60]) for m in _RAW_TEX.finditer("".join(prose))]
     return report
+
+
+def _norm(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def print_problems(book: Book, pdf: PdfReport) -> list[str]:
+    """What a printed book needs: a title page, a contents list giving each document its page,
+    a bookmark for every part and document, a number on every page, no link to the local
+    server it was printed from, no text of the site's widgets."""
+    problems, outline, titles = [], book_outline(book), page_titles(book)
+    title = _norm(yaml.safe_load((book.root / "_config.yml").read_text()).get("title", ""))
+    if not pdf.texts or title not in pdf.texts[0]:
+        problems.append(f"book.pdf: page 1 is not a title page (no {title!r} on it)")
+    label = {name: name if kind == "part" else titles.get(name, name) for kind, name in outline}
+    if (first := pdf.starts.get("contents")) is None:
+        problems.append("book.pdf: no contents list (no named destination /document-contents)")
+    else:
+        text = " ".join(pdf.texts[first - 1:max(first, pdf.starts.get(outline[0][1], 0) - 1)])
+        for kind, name in outline:
+            entry = re.escape(_norm(label[name])) + ("" if kind == "part" else f" {pdf.starts.get(name)}\\b")
+            if not re.search(entry, text):
+                problems.append(f"book.pdf: the contents list lacks {label[name]!r}"
+                                + ("" if kind == "part" else f" with its page {pdf.starts.get(name)}"))
+    marks = {_norm(t) for _, t in pdf.bookmarks}
+    if missing := [label[name] for _, name in outline if _norm(label[name]) not in marks]:
+        problems.append(f"book.pdf: no bookmark for {len(missing)} part(s) or document(s): "
+                        + ", ".join(map(repr, missing[:4])))
+    if unnumbered := pdf.unnumbered():
+        problems.append(f"book.pdf: {len(unnumbered)} page(s) without a page number, e.g. {unnumbered[:5]}")
+    if local := [(p, uri) for p, uri in pdf.links if _LOCAL_URI.match(uri)]:
+        problems.append(f"book.pdf: {len(local)} link(s) to the local server it was printed from, "
+                        f"e.g. page {local[0][0]}: {local[0][1]}")
+    problems += [f"book.pdf page {p}: widget text {w!r}" for p, text in enumerate(pdf.texts, 1)
+                 for w in WIDGET_TEXT if w in text][:10]
+    return problems
 
 
 def build_bundle(book: Book, echo=print) -> Path:
@@ -154,23 +335,28 @@ def build_bundle(book: Book, echo=print) -> Path:
         built = jupyter_book(book, scratch / "jb", "singlehtml", echo)
         if built is None:
             raise BundleError("the single-page build failed; the previous bundle is untouched")
-        # The print copy: page breaks, no shadows, and a hidden link to every document.
-        page = built / book.pages[0].with_suffix(".html")
-        links = "".join(f'<a href="#document-{html.escape(p.with_suffix("").as_posix())}"></a>'
-                        for p in book.pages[1:])
-        (built / "print.html").write_text(page.read_text().replace(
-            "</head>", PRINT_CSS + "</head>", 1).replace(
-            "</body>", f'<div style="display:none">{links}</div></body>', 1))
         shutil.copytree(book.html, top / "site")
         out.mkdir(parents=True)
         echo("[bundle] printing it to PDF with headless Chromium (after MathJax has typeset)")
+        single, starts = (built / book.pages[0].with_suffix(".html")).read_text(), None
         from playwright.sync_api import Error as PlaywrightError
 
-        try:
+        try:  # print until the contents list's page numbers are the pages printed
             with serve(built) as base, Browser(binary, timeout_ms=PRINT_TIMEOUT * 1000) as browser:
-                browser.print_pdf(f"{base}/print.html", out / "book.pdf")
+                for _ in range(3):
+                    (built / "print.html").write_text(print_html(book, single, starts))
+                    browser.print_pdf(f"{base}/print.html", out / "book.pdf", FOOTER)
+                    from pypdf import PdfReader
+
+                    printed = _starts(PdfReader(out / "book.pdf"))
+                    if printed == starts:
+                        break
+                    starts = printed
+                else:
+                    raise BundleError("the contents list's page numbers do not settle")
         except PlaywrightError as err:
             raise BundleError(f"Chromium did not print the book: {str(err).splitlines()[0]}") from None
+        nest_outline(out / "book.pdf", book, starts)
         for page_number in preview_pages(analyse_pdf((out / "book.pdf").read_bytes())):
             subprocess.run(["pdftoppm", "-png", "-r", "80", "-singlefile", "-f", str(page_number),
                             "-l", str(page_number), str(out / "book.pdf"),
@@ -266,6 +452,7 @@ def inspect_bundle(book: Book, archive: Path | None = None) -> BundleSummary:
                  "before printing?)" for page, snippet in pdf.raw_tex[:10]]
     if len(pdf.raw_tex) > 10:
         problems.append(f"book.pdf: {len(pdf.raw_tex) - 10} more raw TeX fragment(s)")
+    problems += print_problems(book, pdf)
     ranges = pdf.doc_pages([p.with_suffix("").as_posix() for p in book.pages])
     with_math = 0
     for page in book.pages:

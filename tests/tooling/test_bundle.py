@@ -3,6 +3,7 @@ failed build keeps the last bundle, and the bundle audit catches a broken archiv
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import zipfile
 
@@ -11,7 +12,8 @@ import pytest
 from pypdf import PdfWriter
 from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
-from bookbuild.bundle import NAME, BundleError, analyse_pdf, archive_path, build_bundle, inspect_bundle
+from bookbuild.bundle import (NAME, BundleError, PdfReport, analyse_pdf, archive_path, build_bundle,
+                              inspect_bundle, print_problems)
 from bookbuild.site import STAMP, stage, tree_hash
 
 from .conftest import INTRO, NOTEBOOK, copy_book, needs_chromium, quiet
@@ -39,10 +41,14 @@ def test_bundle_of_a_small_book(built_book):
         assert "site/index.html" in zf.read(f"{NAME}/README.txt").decode()
     nbformat.validate(nb)
     assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-    assert pdf.math_pages and pdf.math_pages[0] == 1, "the intro page's math is typeset"
+    assert pdf.starts["contents"] == 2 and pdf.starts["intro"] == 3, "title page, contents, intro"
+    assert pdf.math_pages and pdf.math_pages[0] == 3, "the intro page's math is typeset"
     assert pdf.raw_tex == [] and pdf.image_count >= 1
-    assert pdf.starts["claims"] == 2 and pdf.starts["chapters/demo/demo"] > 2, \
+    assert pdf.starts["claims"] == 4 and pdf.starts["chapters/demo/demo"] > 4, \
         "each document starts on its own page"
+    assert "an executable book" in pdf.texts[0] and f"Claims {pdf.starts['claims']}" in pdf.texts[1]
+    assert [t for _, t in pdf.bookmarks] == ["Contents", "Fixture", "Claims", "Demo"]
+    assert pdf.unnumbered() == [] and not any("Run this locally" in t for t in pdf.texts)
     assert list((book.build / "bundle").glob("preview-*.png"))
     assert inspect_bundle(book).problems == []
 
@@ -114,3 +120,30 @@ def test_inspect_bundle_reports_a_broken_archive(fixture_book):
     assert f"notebooks/{NOTEBOOK}: has no outputs (not an executed notebook)" in problems
     assert f"{archive.name}: its site/ is not the current {book.html}: run `make bundle`" in problems
     assert not any("missing" in p for p in problems)
+
+
+def test_print_problems_name_what_a_printed_book_lacks(fixture_book):
+    book = fixture_book  # title "Fixture"; toc: intro, then chapters/demo/demo
+    (book.html / "chapters" / "demo").mkdir(parents=True)
+    (book.html / "intro.html").write_text("<title>Fixture &#8212; Fixture</title>")
+    (book.html / "chapters/demo/demo.html").write_text("<title>A demo &#8212; Fixture</title>")
+    good = PdfReport(pages=4, starts={"contents": 2, "intro": 3, "chapters/demo/demo": 4},
+                     bookmarks=[(0, "Contents"), (0, "Fixture"), (1, "A demo")],
+                     texts=["Fixture an executable book 1 / 4", "Contents Fixture 3 A demo 4 2 / 4",
+                            "Fixture text 3 / 4", "A demo more text 4 / 4"],
+                     links=[(3, "https://arxiv.org/abs/2512.15115")])
+    assert print_problems(book, good) == []
+    bad = dataclasses.replace(
+        good, bookmarks=[(0, "Fixture")], links=[(3, "http://127.0.0.1:8000/chapters/demo/demo.html")],
+        texts=["Contents A demo 5 1 / 4", "2 / 4", "Show code cell source 3 / 4", "A demo"])
+    problems = print_problems(book, bad)
+    assert problems == [
+        "book.pdf: page 1 is not a title page (no 'Fixture' on it)",
+        "book.pdf: the contents list lacks 'Fixture' with its page 3",
+        "book.pdf: the contents list lacks 'A demo' with its page 4",
+        "book.pdf: no bookmark for 1 part(s) or document(s): 'A demo'",
+        "book.pdf: 1 page(s) without a page number, e.g. [4]",
+        "book.pdf: 1 link(s) to the local server it was printed from, e.g. page 3: "
+        "http://127.0.0.1:8000/chapters/demo/demo.html",
+        "book.pdf page 3: widget text 'Show code cell'"]
+    assert "no contents list" in print_problems(book, dataclasses.replace(good, starts={"intro": 3}))[0]
