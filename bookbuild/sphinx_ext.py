@@ -76,20 +76,18 @@ def _measured(check: dict) -> list[nodes.Node]:
             nodes.Text(f" ≤ {_number(check['tolerance'])}")]
 
 
-def ledger_line(entry: dict, refdoc: str) -> nodes.paragraph:
-    """Under a claim: verdict · Checked (what it verifies) in <notebook, cell>: what = measured · Tested by."""
+def ledger_line(entry: dict, refdoc: str, details: str | None = None) -> nodes.paragraph:
+    """Under a claim, one line: verdict · checked: measured ≤ allowed · tested · details (a link
+    to the claim's row of the status table, ``details``, where notebooks and tests are named)."""
     para = nodes.paragraph(classes=["claim-ledger", "claim-" + entry["verdict"].split()[0]])
-    para += [nodes.strong("", VERDICT_MARK[entry["verdict"]]), nodes.Text(" · Checked")]
-    if not entry["checks"]:
-        para += [nodes.Text(" in "), nodes.emphasis("", "no notebook")]
-    for k, check in enumerate(entry["checks"]):
-        para += [nodes.Text(f"{'; and' if k else ''} ({VERIFIES.get(check['kind'], 'kind not stated')}) in "),
-                 _doc_link(check["notebook"], refdoc), nodes.Text(f"{_cell(check)}: {check['what']} = "),
-                 *_measured(check)]
-    para += nodes.Text(" · Tested by ")
-    tests = entry["tests"]
-    para += [nodes.literal("", tests[0]), nodes.Text(f" and {len(tests) - 1} more" if len(tests) > 1 else "")] \
-        if tests else [nodes.emphasis("", "no test")]
+    para += [nodes.strong("", VERDICT_MARK[entry["verdict"]]), nodes.Text(" · ")]
+    checks, tests = entry["checks"], entry["tests"]
+    para += [nodes.Text("checked: "), *_measured(checks[0]),
+             nodes.Text(f" (+{len(checks) - 1} more)" if len(checks) > 1 else "")] \
+        if checks else [nodes.emphasis("", "not checked")]
+    para += [nodes.Text(" · "), nodes.Text("tested") if tests else nodes.emphasis("", "no test")]
+    if details:
+        para += [nodes.Text(" · "), nodes.reference("", "details", refuri=details)]
     return para
 
 
@@ -104,7 +102,8 @@ def status_table(claims: dict, refdoc: str) -> nodes.table:
         tests, mark = entry["tests"], VERDICT_MARK[entry["verdict"]].split()[0]
         kinds = ", ".join(dict.fromkeys(str(c["kind"]) for c in entry["checks"]))  # what was verified
         rows.append([
-            [addnodes.pending_xref("", nodes.inline("", label), refdomain="prf", reftype="ref",
+            [nodes.target("", "", ids=[f"status-{label}"]),
+             addnodes.pending_xref("", nodes.inline("", label), refdomain="prf", reftype="ref",
                                    reftarget=label, refexplicit=False, refwarn=True, refdoc=refdoc)],
             [nodes.Text(entry["summary"])],
             [nodes.Text(SOURCES.get(entry["source"], entry["source"]))],
@@ -141,17 +140,21 @@ class LedgerPostTransform(SphinxPostTransform):
     default_priority = 5
 
     def run(self, **kwargs) -> None:
-        claims = _ledger(self.env)
+        claims, status, builder = _ledger(self.env), getattr(self.env, "book_status_doc", None), self.app.builder
         for node in list(self.document.findall(nodes.Element)):
             if node.get("realtype") in CLAIM_KINDS and node.get("label") in claims:
+                details = None if status is None else (
+                    "" if builder.name == "singlehtml" else builder.get_relative_uri(self.env.docname, status)
+                ) + f"#status-{node['label']}"
                 node.parent.insert(node.parent.index(node) + 1,
-                                   ledger_line(claims[node["label"]], self.env.docname))
+                                   ledger_line(claims[node["label"]], self.env.docname, details))
         for placeholder in list(self.document.findall(ledger_claims_table)):
             placeholder.replace_self(status_table(claims, self.env.docname))
 
 
 class LedgerClaims(SphinxDirective):
     def run(self):
+        self.env.book_status_doc = self.env.docname  # where ledger lines link to
         return [ledger_claims_table()]
 
 

@@ -77,8 +77,9 @@ def test_ledger_says_what_each_check_verifies_and_a_bound_is_a_ratio_against_one
     # Shown as such: the status table's row and the line under the claim.
     row = status_table({"thm-good": entries["thm-good"]}, "claims").astext()
     assert "ratio 0.35 ≤ 1 (notebook" in row and row.rstrip().endswith("✓ bound")
-    line = ledger_line(entries["thm-good"], "claims").astext()
-    assert line.startswith("✓ reproduced · Checked (bound on chosen inputs) in chapters/demo/demo: error = ratio 0.35 ≤ 1")
+    line = ledger_line(entries["thm-good"], "claims", "status.html#status-thm-good")
+    assert line.astext() == "✓ reproduced · checked: ratio 0.35 ≤ 1 · tested · details"
+    assert line.children[-1]["refuri"] == "status.html#status-thm-good"
 
 
 def test_a_test_belongs_to_the_longest_label_it_starts_with():
