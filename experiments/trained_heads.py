@@ -512,17 +512,21 @@ def truncation_error_samples(layer: Any, n: int, heads: Sequence[int], moments: 
 
 
 def truncation_sweep(model: SequenceClassifier, X: Any, y: Any, moments: Sequence[tuple[Any, Any]],
-                     heads: Sequence[int], blocks: Sequence[int]) -> list[dict]:
+                     heads: Sequence[int], blocks: Sequence[int], *, path_scale: float = 1.0) -> list[dict]:
     """Accuracy when the mixing layers `blocks` (0-based) are replaced by their H-head truncations.
 
     One row per H in heads: "H", "accuracy" on (X (b, n, in_width), y (b,)), and "logit
     change", max |logits − trained logits| / max |trained logits|. Layer m is truncated with
     the mean path under moments[m], the moments of its inputs (`input_moments` of the trained
     model's `layer_inputs`, for instance); blocks before the first replaced one run once.
+    path_scale: every mean path ȳ multiplied by it (a negative control when ≠ 1).
     """
     X, y, blocks = model._tensor(X), np.asarray(y), sorted(blocks)
     n = X.shape[1]
     cut = {m: truncations(model.layers[m], n, heads, moments[m]) for m in blocks}
+    for models in cut.values():
+        for truncation in models.values():
+            truncation.mean_path.mul_(path_scale)
     reference = logits(model, X)
     rows = []
     with torch.no_grad():
@@ -539,10 +543,34 @@ def truncation_sweep(model: SequenceClassifier, X: Any, y: Any, moments: Sequenc
     return rows
 
 
+def exact_rank_network(model: SequenceClassifier, n: int, r: int,
+                       moments: Sequence[tuple[Any, Any]]) -> SequenceClassifier:
+    """A copy of the classifier whose mixing layer m is `truncated_heads(layer_m, n, r,
+    covariance=Σ_m)`, Σ_m from moments[m]: a RelativeHeads of min(r, rank G_Σ) heads, an LTI
+    layer whose lags L̂_ℓ = Σ_h c[h, ℓ] V_h span exactly that many dimensions (the V_h are
+    independent, c has full rank) and whose G_Σ has the top singular values of the layer's."""
+    network = copy.deepcopy(model)
+    for m, layer in enumerate(model.layers):
+        network.layers[m] = truncated_heads(layer, n, r, covariance=moments[m][1])
+    return network
+
+
+def covariance_singular_values(layer: Any, n: int, covariance: Any) -> np.ndarray:
+    """σ_q(G_Σ), q = 1..min(n, pd): the rows √(n − ℓ) vec(L_ℓ Ω)ᵀ with Ω = U diag(√λ) over the
+    eigenpairs of Σ with λ > 0 (numpy's eigh and svd, not lib's routes)."""
+    lam, U = np.linalg.eigh(np.asarray(covariance, dtype=np.float64))
+    omega = U * np.sqrt(np.clip(lam, 0.0, None))
+    lags = layer.lags(n).detach().double().numpy() @ omega
+    rows = np.sqrt(n - np.arange(n))[:, None] * lags.reshape(n, -1)
+    return np.linalg.svd(rows, compute_uv=False)
+
+
 def heads_within(heads: Sequence[int], accuracies: Sequence[float], reference: float, tolerance: float) -> int:
     """H_acc(τ): the least H in `heads` (increasing) from which every accuracy stays >= reference − τ.
 
-    ValueError if even the last accuracy is below.
+    One-sided: an accuracy above the reference counts as within. Only the H in `heads` are
+    looked at, so "stays" holds on that grid, not between its points. ValueError if even the
+    last accuracy is below.
     """
     good = np.asarray(accuracies, dtype=float) >= reference - tolerance
     if not good[-1]:
@@ -583,11 +611,14 @@ def paired_report(models: dict[str, Any], baseline: Any, X: Any, y: Any) -> list
 
 def lag_span_report(layer: DiagonalSSM | SharedStateSSM, n: int, *, digits: int = 50) -> dict:
     """"k" (`exact_lag_span_dimension`), "generic" (`generic_lag_span_dimension`), "float64 rank"
-    (`min_heads`), "σ_k/σ_1", "σ_k+1/σ_1" (of the matrix whose rank is k) and "route" of a layer
-    on length n."""
+    (`min_heads`), "σ_k/σ_1", "σ_k+1/σ_1" of the matrix whose rank is k, that "matrix" ("lag
+    diagonals, n × d" for S4D; "residues, nodes × d²" for S5: not the same matrix) and "route"
+    of a layer on length n."""
     exact = exact_lag_span_dimension(layer, n, digits=digits)
+    matrix = "residues, nodes × d²" if exact.route == "modes" else "lag diagonals, n × d"
     return {"k": exact.k, "generic": generic_lag_span_dimension(layer, n), "float64 rank": min_heads(layer, n),
-            "σ_k/σ_1": exact.smallest_kept, "σ_k+1/σ_1": exact.largest_dropped, "route": exact.route}
+            "σ_k/σ_1": exact.smallest_kept, "σ_k+1/σ_1": exact.largest_dropped, "matrix": matrix,
+            "route": exact.route}
 
 
 def precision_report(layer: DiagonalSSM, n: int, digits: int, more_digits: int) -> dict:

@@ -21,7 +21,8 @@ from experiments.trained_heads import (COUNT_CHANGE, DigitSequences, _extended_k
                                        train_classifier, truncation_error_samples, truncation_errors,
                                        truncation_sweep, truncations, validation_split, wilson_interval,
                                        with_copied_channel, without_skip)
-from experiments.trained_heads import covariance_rank, hippo_n_modes, skip_share, with_hippo_n
+from experiments.trained_heads import (covariance_rank, covariance_singular_values, exact_rank_network, hippo_n_modes,
+                                       skip_share, with_hippo_n)
 from lib import (DiagonalSSM, SharedStateSSM, heads_needed, min_heads, optimal_head_errors, population_error,
                  relative_error, truncated_heads)
 
@@ -291,6 +292,50 @@ def test_cor_truncation_exact_classifier_logits_at_k():
             assert change > 1e-6 and swept["logit change"] == pytest.approx(change, rel=1e-9)
 
 
+def test_cor_truncation_exact_rank_r_network_at_r_and_not_below_and_the_mean_path_control():
+    # The notebook's check: every layer replaced by its r-head truncation has lags of exact rank r; truncating
+    # it to r heads leaves the logits (rounding), r − 1 heads change them, a mean path ×1.001 fails the check.
+    X = np.random.default_rng(0).random((40, 10, 1))
+    y = np.random.default_rng(1).integers(0, 10, 40)
+    r = 3
+    for kind in ("s5", "s4d-lin", "s4d-real"):
+        model = as_float64(classifier(kind, 4, state=4, n=10, seed=3))
+        net = exact_rank_network(model, 10, r, [input_moments(x) for x in model.layer_inputs(X)])
+        assert net.layers[0] is not model.layers[0] and model.layers[0].D is not None   # the model is kept
+        inner = [input_moments(x) for x in net.layer_inputs(X)]
+        for layer, (_, S) in zip(net.layers, inner):
+            assert layer.H == r and lag_rank_np(lags_np(layer, 10)) == r
+            s = covariance_singular_values(layer, 10, S)
+            assert s[r - 1] > 1e-6 * s[0] and s[r] < 1e-12 * s[0]
+        fewer, exact = truncation_sweep(net, X, y, inner, [r - 1, r], [0, 1])
+        assert exact["logit change"] < 1e-12 and fewer["logit change"] > 1e-6
+        control = truncation_sweep(net, X, y, inner, [r], [0, 1], path_scale=1.001)[0]
+        assert control["logit change"] > 1e-9
+        # the control scales the mean path of the truncation only: by hand, ȳ ×1.001 in block 1 alone
+        cut = truncations(net.layers[0], 10, [r], inner[0])[r]
+        cut.mean_path.mul_(1.001)
+        with torch.no_grad():
+            h = net.encode(torch.from_numpy(X))
+            manual = net.decoder(net.block(1, net.block(0, h, cut)).mean(1)).numpy()
+        reference = logits(net, X)
+        assert np.abs(manual - reference).max() / np.abs(reference).max() > 1e-9
+
+
+def test_covariance_singular_values_are_the_closed_form_of_lib(random_shared, random_diagonal):
+    # Σ_{q>H} σ_q² from numpy's eigh + svd against lib's optimal_head_errors (Σ^{1/2}, QR, its own SVD).
+    for layer in (random_shared(3, 2, seed=5), random_diagonal(3, 2, seed=6)):
+        (_, Sigma), _ = moments_of(3, 2, 7)                     # singular Σ
+        s = covariance_singular_values(layer, 9, Sigma)
+        tails = optimal_head_errors(layer, 9, 4, covariance=Sigma)
+        mine = np.array([(s[H:] ** 2).sum() for H in range(5)])
+        np.testing.assert_allclose(mine, tails, rtol=1e-9, atol=1e-12 * tails[0])
+
+
+def test_lag_span_report_names_the_matrix_of_its_singular_values(random_diagonal, random_shared):
+    assert lag_span_report(random_diagonal(3, 2, seed=1), 8)["matrix"] == "lag diagonals, n × d"
+    assert lag_span_report(random_shared(3, 2, seed=1), 8)["matrix"] == "residues, nodes × d²"
+
+
 def test_truncation_errors_predicted_column_is_the_closed_form_and_iid_inputs_match_it(random_shared):
     layer, n = random_shared(3, 2, seed=9), 12
     moments, S = moments_of(3, 3, 4)
@@ -328,6 +373,8 @@ def test_heads_within():
     assert heads_within([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.02) == 2
     assert heads_within([1, 2, 3, 4], [0.1, 0.95, 0.955, 0.96], 0.96, 0.005) == 3   # the answer moves with τ
     assert heads_within([1, 2], [0.97, 0.96], 0.96, 0.01) == 1
+    assert heads_within([1, 2, 3], [0.5, 0.99, 0.96], 0.96, 0.01) == 2   # one-sided: above the reference is within
+    assert heads_within([1, 2, 20], [0.5, 0.99, 0.96], 0.96, 0.01) == 2  # the grid only: 3..19 are not looked at
     with pytest.raises(ValueError, match="never stay"):
         heads_within([1, 2], [0.5, 0.6], 0.9, 0.01)
 
