@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -133,18 +133,6 @@ def decay_report(ssm: LinearSSM, length: int, *, start: int = 0) -> DecayReport:
     norms = lag_norms(ssm, length)
     ratio = float(np.max(norms / bound.at(np.arange(length))))
     return DecayReport(norms, bound, ratio, *fit_decay_rate(norms, start=start))
-
-
-def gradient_reach(profile: Any, eps: float = 1e-3) -> int:
-    """max{D : profile[D] >= eps · max profile} (0 for an all-zero profile), profile indexed by D.
-
-    For a single mode ρ^D exactly ⌊ln(1/eps)/ln(1/ρ)⌋; for several modes of a normal stable LTI SSM
-    it can exceed that count (modes 0.9 and 0.89 with residues ±1: 92 against 65.6), which bounds
-    only the reach relative to ‖C‖₂‖B‖_F. A reach on random inputs says nothing about every input.
-    """
-    values = _array(profile)
-    peak = values.max()
-    return 0 if peak == 0 else int(np.flatnonzero(values >= eps * peak).max())
 
 
 # -- stacks: LTI layers, hybrids, and the bound of prop-stack-decay --------------------------------
@@ -278,6 +266,22 @@ def key_price(attention: SoftmaxAttention, X: Any, i: int, j: int, eps: float, *
     if attention.position_bias is not None:
         scores = scores + _array(attention.position_bias)[head, i - keys]
     return float(np.logaddexp.reduce(scores) + math.log((1 - eps) / eps)), float(scores.max())
+
+
+def planted_key_deviation(attention: SoftmaxAttention, n: int, distances: Any, *, strength: float = 30.0,
+                          head: int = 0, seed: int = 0) -> np.ndarray:
+    """‖J_{n−1, n−1−D} − V_h‖_F / ‖V_h‖_F for each D in distances, each on its own planted key, shape (len(distances),).
+
+    {prf:ref}`prop-attention-highway` 2: the same inputs as `planted_key_profile` (seed + D), the
+    whole block against the planted head's value map V_h = W_O^h W_V^h, not only its norm (a
+    norm ratio near 1 would also pass J = −V_h).
+    """
+    V = _array(attention.values()[head])
+    gaps = []
+    for D in distances:
+        X = planted_key_input(attention, n, n - 1, n - 1 - D, strength=strength, head=head, seed=seed + D)
+        gaps.append(np.linalg.norm(jacobian_blocks(attention, X, n - 1)[n - 1 - D] - V) / np.linalg.norm(V))
+    return np.array(gaps)
 
 
 def random_profiles(model: Any, n: int, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -623,7 +627,9 @@ def _logits(model: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RecallResult:
     """One training run: test accuracy and mean cross-entropy on the test batch, the mean
-    training loss over the last 10 % of steps, and the run's distance, seed, steps and kind."""
+    training loss over the last 10 % of steps, and the run's distance, seed, steps and kind;
+    `predictions` (argmax of the logits) and `labels` of the test batch, in its order, for
+    paired comparisons of runs on the same test batch (`mcnemar`)."""
 
     distance: int
     seed: int
@@ -632,6 +638,8 @@ class RecallResult:
     loss: float
     train_loss: float
     kind: str = ""
+    predictions: tuple[int, ...] = field(default=(), repr=False)
+    labels: tuple[int, ...] = field(default=(), repr=False)
 
 
 def train_recall(model: torch.nn.Module, task: RecallTask, *, steps: int = 200, seed: int = 0, batch: int = 16,
@@ -657,7 +665,29 @@ def train_recall(model: torch.nn.Module, task: RecallTask, *, steps: int = 200, 
     return RecallResult(distance=task.distance, seed=seed, steps=steps,
                         accuracy=float((logits.argmax(-1) == y_test).to(torch.float64).mean()),
                         loss=float(F.cross_entropy(logits, y_test)),
-                        train_loss=float(np.mean(history[-max(1, steps // 10):])), kind=kind)
+                        train_loss=float(np.mean(history[-max(1, steps // 10):])), kind=kind,
+                        predictions=tuple(logits.argmax(-1).tolist()), labels=tuple(y_test.tolist()))
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """Exact McNemar test of two classifiers on the same examples: `first` = examples only the first
+    gets right, `second` = only the second; `p` = two-sided P(Bin(first + second, 1/2) as far from
+    its mean), 1 when there is no discordant example."""
+
+    first: int
+    second: int
+    p: float
+
+
+def mcnemar(first: Any, second: Any) -> McNemar:
+    """McNemar's exact test on per-example correctness (booleans, paired by position; concatenate
+    several test batches to pool them — each pair still shares its example)."""
+    a, b = np.asarray(first, dtype=bool), np.asarray(second, dtype=bool)
+    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
+    m, k = only_a + only_b, min(only_a, only_b)
+    tail = sum(math.comb(m, r) for r in range(k + 1)) / 2 ** m
+    return McNemar(only_a, only_b, min(1.0, 2 * tail))
 
 
 def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: int = 256, seed: int = 0) -> float:
@@ -1333,6 +1363,18 @@ def sharp_price_horizon(S: float, eps: float) -> float:
     = 2(1 − ε)/[(1 + 2S) + √(…)], the least weight in [0, 1] with α(1 + 2S(1 − α)) >= 1 − ε."""
     a = 2 * (1 - eps) / ((1 + 2 * S) + math.sqrt((1 + 2 * S) ** 2 - 8 * S * (1 - eps)))
     return 2 * S + math.log(1 / a - 1)
+
+
+def price_bound_sup(S: float, i: int) -> float:
+    """The largest ‖J_ij‖₂/‖V‖₂ that the middle bound of {prf:ref}`cor-attention-price` 1 allows at position i
+    (no bias, content scores in [−S, S], S > 0): max of α(1 + 2S(1 − α)) over 0 <= α <= 1/(1 + i e^{−2S}).
+
+    Computed from the vertex α* = (1 + 2S)/(4S) of the concave quadratic, not from the roots that
+    `sharp_price_horizon` solves for; a highway of accuracy ε at i needs this to be >= 1 − ε.
+    """
+    top = 1 / (1 + i * math.exp(-2 * S))
+    alpha = min(top, (1 + 2 * S) / (4 * S))
+    return alpha * (1 + 2 * S * (1 - alpha))
 
 
 def standard_lin_stack(d: int, depth: int, *, state_size: int = 8, residual: bool = True, seed: Any = 0) -> Stack:
