@@ -18,6 +18,7 @@ import torch
 
 from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
                  min_heads, operator_span, optimal_head_errors, truncated_heads)
+from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
@@ -115,12 +116,6 @@ def operator_head_errors(ssm: Any, n: int, H_max: int) -> np.ndarray:
 
 
 # -- value maps of bounded rank ({prf:ref}`prop-rank-limited-heads`) -----------------------------
-
-
-def _weighted_lags(ssm: Any, n: int) -> np.ndarray:
-    # G, (n, pd): rows √(n − ℓ) vec L_ℓ.
-    lags = ssm.lags(n).numpy(force=True).reshape(n, -1)
-    return lags * np.sqrt(np.arange(n, 0, -1.0))[:, None]
 
 
 def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
