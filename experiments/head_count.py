@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
+from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
                  min_heads, operator_span, optimal_head_errors, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
@@ -582,34 +582,75 @@ def continuous_head_errors(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: f
     return _tails(eigenvalues, H_max)
 
 
+def impulse_slope_max(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float,
+                      points: int = 2049) -> tuple[float, float]:
+    """(lower, upper) bracketing κ_T = max_{0<=t<=T} ‖C A_c e^{t A_c} B_c‖_F = max ‖K'(t)‖_F.
+
+    K' is evaluated on the grid t_k = kh, h = T/(points − 1) (e^{hA_c} by torch's matrix
+    exponential, its powers applied to B_c by doubling); lower = the largest grid value. Between
+    grid points ‖K'(t)‖ <= (‖K'(t_k)‖ + ‖K'(t_k+1)‖ + hD)/2 with D = ‖C A_c²‖₂ ‖B_c‖_F max(1, e^{Tμ})
+    >= max ‖K''‖_F, μ = λ_max((A_c + A_cᵀ)/2) (‖e^{tA_c}‖₂ <= e^{tμ}); upper = the largest of
+    these, an upper bound up to rounding (~1e-15 relative). T >= 0, points >= 2.
+    """
+    d = B_c.shape[1]
+    X = np.asarray(B_c, dtype=float)                 # columns k·d..k·d+d−1: e^{t_k A_c} B_c
+    power = torch.linalg.matrix_exp(torch.as_tensor(A_c * (T / (points - 1)), dtype=torch.float64)).numpy()
+    while X.shape[1] < points * d:                   # block m..2m−1 = e^{m h A_c} (block 0..m−1)
+        X = np.concatenate([X, power @ X], axis=1)
+        power = power @ power
+    K1 = (C @ A_c @ X[:, : points * d]).reshape(len(C), points, d)
+    values = np.sqrt((K1 ** 2).sum(axis=(0, 2)))
+    mu = float(np.linalg.eigvalsh((A_c + A_c.T) / 2).max())
+    D = float(np.linalg.norm(C @ A_c @ A_c, 2) * np.linalg.norm(B_c)) * max(1.0, math.exp(T * mu))
+    h = T / (points - 1)
+    upper = float(np.max((values[:-1] + values[1:] + h * D) / 2))
+    return float(values.max()), max(upper, float(values.max()))
+
+
 def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float) -> float:
-    """(T M̄ / (‖K(0)‖_F − T M̄))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T M̄ >= ‖K(0)‖_F).
+    """(T κ̄_T / (‖K(0)‖_F − T κ̄_T))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T κ̄_T >= ‖K(0)‖_F).
 
     On Σ_{q>1} σ_q(G_n)² / ‖G_n‖²_F, the relative least error of one head, for ZOH with any n and
-    Δ = T/n. M̄ = ‖C A_c‖₂ ‖B_c‖_F max(1, e^{T μ}), μ = λ_max((A_c + A_cᵀ)/2), bounds
-    M_T = max_{t<=T} ‖C A_c e^{t A_c} B_c‖_F from above (‖e^{tA_c}‖₂ <= e^{tμ}).
+    Δ = T/n. κ̄_T is the certified upper end of `impulse_slope_max` (κ_T itself up to a relative
+    grid error of about T‖A_c‖/4000), so the bound is the proposition's, rounded up.
     """
     K0 = float(np.linalg.norm(C @ B_c))
-    mu = float(np.linalg.eigvalsh((A_c + A_c.T) / 2).max())
-    M = float(np.linalg.norm(C @ A_c, 2) * np.linalg.norm(B_c)) * max(1.0, math.exp(T * mu))
+    M = impulse_slope_max(A_c, B_c, C, T)[1]
     return (T * M / (K0 - T * M)) ** 2 if T * M < K0 else math.inf
 
 
+def short_window_step_ratio(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float, n: int) -> float:
+    """max_ℓ ‖L_ℓ − Δ K(0)‖_F / ((ℓ + ½) Δ² κ̄_T), ℓ < n, Δ = T/n: the proof's key step of
+    {prf:ref}`prop-heads-needed-short-window` holds when this is <= 1 (L_ℓ from lib's ZOH
+    discretisation, κ̄_T the upper end of `impulse_slope_max`)."""
+    step = T / n
+    lags = LinearSSM.from_continuous(A_c, B_c, C, step, "zoh").lags(n).numpy(force=True)
+    deviation = np.linalg.norm((lags - step * (C @ B_c)).reshape(n, -1), axis=1)
+    kappa = impulse_slope_max(A_c, B_c, C, T)[1]
+    return float(np.max(deviation / ((np.arange(n) + 0.5) * step ** 2 * kappa)))
+
+
 def short_window_threshold(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, eps: float) -> float:
-    """The largest T with `short_window_bound` <= eps (bisection; the bound grows with T): for every
-    window up to it, and every n, one head reaches relative squared error eps
-    ({prf:ref}`prop-heads-needed-short-window`). 0 if CB_c = 0."""
-    if not np.linalg.norm(C @ B_c) > 0:
+    """The largest window T* with (1 + √ε) T κ̄_T <= √ε ‖K(0)‖_F, i.e. `short_window_bound` <= eps:
+    for every window up to it, and every n, one head reaches relative squared error eps, since
+    κ_T <= κ_T* <= κ̄_T* ({prf:ref}`prop-heads-needed-short-window`). 0 if CB_c = 0.
+
+    Fixed-point iteration T ← c / κ̄_T, c = √ε ‖K(0)‖_F / (1 + √ε), from T = c / ‖K'(0)‖_F: the
+    iterates decrease while κ̄_T grows with T, until a step shrinks T by less than 1e-10.
+    """
+    K0 = float(np.linalg.norm(C @ B_c))
+    if not K0 > 0:
         return 0.0
-    low, high = 0.0, 1.0
-    while short_window_bound(A_c, B_c, C, high) <= eps:
-        low, high = high, 2 * high
+    c = math.sqrt(eps) * K0 / (1 + math.sqrt(eps))
+    T = c / float(np.linalg.norm(C @ A_c @ B_c))  # ‖K'(0)‖_F <= κ_T: an upper start
     for _ in range(200):
-        middle = 0.5 * (low + high)
-        if middle in (low, high):
+        following = c / impulse_slope_max(A_c, B_c, C, T)[1]
+        if following >= T * (1 - 1e-10):
             break
-        low, high = (middle, high) if short_window_bound(A_c, B_c, C, middle) <= eps else (low, middle)
-    return low
+        T = following
+    while short_window_bound(A_c, B_c, C, T) > eps:  # the grid's upper bound is not exactly monotone
+        T *= 1 - 1e-9
+    return T
 
 
 # -- softmax heads at the level of maps ({prf:ref}`prop-softmax-map-obstruction`) ---------------
