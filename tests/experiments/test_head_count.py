@@ -570,6 +570,31 @@ def test_prop_softmax_map_obstruction_one_head_misses_by_one_minus_alpha22():
         assert alpha22 < 1 and np.linalg.norm(y2 - y1) > 1e-6 * np.linalg.norm(y1)
 
 
+def test_prop_softmax_map_obstruction_continuity_zero_expected_error_is_not_attained():
+    # The continuity argument after the proposition: on a constant input the heads' outputs are constant
+    # in i (part 1) while an SSM with memory's are not, and the difference of the two continuous maps moves
+    # by O(δ) within a ball of radius δ around it, so it stays above half its value on a ball of positive
+    # Gaussian probability: a positive expected squared error, whatever the (continuous) scores.
+    layer = SoftmaxAttention.random(3, 2, heads=2, max_length=6, seed=4)
+    layer = SoftmaxAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O,
+                             position_bias=np.random.default_rng(2).standard_normal((2, 6)))
+    teacher = LinearSSM.random(4, 3, 2, spectral_radius=0.9, seed=6)
+    rng = np.random.default_rng(3)
+
+    def miss(X):
+        return np.linalg.norm(outputs(layer, X) - outputs(teacher, X), axis=(1, 2))
+
+    constant = np.tile(rng.standard_normal(3), (1, 6, 1))
+    at_constant = miss(constant)[0]
+    heads = outputs(layer, constant)[0]
+    np.testing.assert_allclose(heads, np.broadcast_to(heads[0], heads.shape), atol=1e-12)
+    assert at_constant > 0.1 * np.linalg.norm(outputs(teacher, constant))
+    for delta in (1e-1, 1e-3):
+        Z = rng.uniform(-1, 1, size=(200, 6, 3)) * delta / np.sqrt(18)  # inside the ball of radius δ
+        assert np.abs(miss(constant + Z) - at_constant).max() <= 20 * delta * (1 + np.abs(constant).max())
+    assert (miss(constant + Z) > at_constant / 2).all()
+
+
 # -- prop-rank-limited-heads --------------------------------------------------------------------
 
 
