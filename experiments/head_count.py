@@ -202,8 +202,8 @@ class TokenDependentHeads(SequenceMap):
     """H heads with value maps V (H, p, d) and token-dependent coefficients that compute an LTI map.
 
     The sufficiency half of {prf:ref}`thm-map-level-head-count` ((I, J) for p = d = 2:
-    {prf:ref}`prop-map-level-two-heads`). With B(u) = [V_1 u, …, V_H u] of rank p, a_ℓ(u) is
-    the least-norm solution of B(u) a = L_ℓ u (QR of B(u)ᵀ; errors grow with cond B(u)) and
+    {prf:ref}`prop-map-level-two-heads`). With 𝒱(u) = [V_1 u, …, V_H u] of rank p, a_ℓ(u) is
+    the least-norm solution of 𝒱(u) a = L_ℓ u (QR of 𝒱(u)ᵀ; errors grow with cond 𝒱(u)) and
     α^h_ij(X) = a^h_{i−j}(x_j) for j <= i (0 for j > i and for x_j = 0), so that
     Σ_h V_h Σ_j α^h_ij(X) x_j = Σ_{j<=i} L_{i−j} x_j on every X, with interaction rank <= H.
     V defaults to `nonsingular_values(p, d)`; the ssm (with `lags`) is a submodule.
@@ -225,7 +225,7 @@ class TokenDependentHeads(SequenceMap):
         """α^h_ij(X), shape (b, H, n, n). ValueError if B(x_j) has rank < p at a token x_j ≠ 0."""
         n, device = X.shape[1], X.device
         targets = torch.einsum("lpd,bjd->bjpl", self.ssm.lags(n), X)  # L_ℓ x_j, (b, j, p, ℓ)
-        B = torch.einsum("hpd,bjd->bjph", self.V, X)                   # B(x_j), (b, j, p, H)
+        B = torch.einsum("hpd,bjd->bjph", self.V, X)                   # 𝒱(x_j), (b, j, p, H)
         nonzero = (X != 0).any(-1)[..., None, None]
         B = torch.where(nonzero, B, torch.eye(self.p, self.H, dtype=X.dtype, device=device))
         Q, R = torch.linalg.qr(B.transpose(-1, -2))                    # B(x)ᵀ = QR
@@ -261,7 +261,7 @@ def complex_values(p: int, d: int) -> np.ndarray:
     """The complex structure for p = 2 or d = 2: shape (m, p, d), m = 2⌈max(p, d)/2⌉.
 
     For p = 2, (V_h)_0b = δ_hb and (V_h)_1b = J_hb, J the 90° rotation of each coordinate pair
-    of ℝ^m, so B(u) has orthogonal rows of norm ‖u‖; for d = 2 the transposed family of (2, p).
+    of ℝ^m, so 𝒱(u) has orthogonal rows of norm ‖u‖; for d = 2 the transposed family of (2, p).
     """
     if p != 2:
         return complex_values(2, p).transpose(0, 2, 1)
@@ -354,8 +354,8 @@ def nonsingular_dimension_bounds(p: int, d: int) -> tuple[int, int]:
 def composition_defect(values: np.ndarray) -> float:
     """max |S_aa'bb' + S_aa'b'b − 2 δ_aa' δ_bb'| with S_aa'bb' = Σ_h (V_h)_ab (V_h)_a'b', for V (H, p, d).
 
-    0 exactly when B(u)B(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves a
-    family norm-preserving, hence nonsingular with cond B(u) = 1.
+    0 exactly when 𝒱(u)𝒱(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves a
+    family norm-preserving, hence nonsingular with cond 𝒱(u) = 1.
     """
     S = np.einsum("hab,hce->acbe", values, values)  # S[a, a', b, b']
     p, d = values.shape[1:]
@@ -364,16 +364,16 @@ def composition_defect(values: np.ndarray) -> float:
 
 
 def token_matrix(values: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """B(u) = [V_1 u, …, V_H u] for V (H, p, d) and tokens u (..., d): shape (..., p, H).
+    """𝒱(u) = [V_1 u, …, V_H u] for V (H, p, d) and tokens u (..., d): shape (..., p, H).
 
-    A family is nonsingular when B(u) has rank p at every u ≠ 0.
+    A family is nonsingular when 𝒱(u) has rank p at every u ≠ 0.
     """
     return np.einsum("hpd,...d->...ph", values, tokens)
 
 
 def worst_conditioned_tokens(values: np.ndarray, samples: int = 20_000, keep: int = 3, *,
                              seed: Any = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The `keep` tokens (keep, d) with the largest cond B(u) = σ_1/σ_p (inf below rank p), worst first,
+    """The `keep` tokens (keep, d) with the largest cond 𝒱(u) = σ_1/σ_p (inf below rank p), worst first,
     and their condition numbers (keep,): a search, not a bound.
 
     Candidates: `samples` Gaussian tokens (default_rng(seed)), the basis vectors, (1, …, 1),
@@ -418,13 +418,13 @@ def map_head_bounds(ssm: Any, n: int, *, seed: Any = 0, rtol: float = 1e-10) -> 
 
 
 def half_circle_bisection(values: np.ndarray, start: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
-    """The unit token where det B(u) changes sign on the half great circle cos θ u_0 + sin θ w, θ ∈ [0, π].
+    """The unit token where det 𝒱(u) changes sign on the half great circle cos θ u_0 + sin θ w, θ ∈ [0, π].
 
-    For square B(u) (V of shape (p, p, d), d >= 2), u_0 = start/‖start‖ and w the unit part of
+    For square 𝒱(u) (V of shape (p, p, d), d >= 2), u_0 = start/‖start‖ and w the unit part of
     `direction` (default: the basis vector least aligned with u_0) orthogonal to u_0; bisection on θ
-    keeps a sign change of det B in its bracket. For p odd, det B(−u) = −det B(u), so there is
-    one, and the token found has rank B(u) < p to rounding ({prf:ref}`lem-odd-nonsingular`). For p
-    even nothing forces a sign change: where det B keeps its sign (a nonsingular family) the
+    keeps a sign change of det 𝒱 in its bracket. For p odd, det 𝒱(−u) = −det 𝒱(u), so there is
+    one, and the token found has rank 𝒱(u) < p to rounding ({prf:ref}`lem-odd-nonsingular`). For p
+    even nothing forces a sign change: where det 𝒱 keeps its sign (a nonsingular family) the
     bisection runs to the far end, −u_0, and B there has full rank.
     """
     u0 = start / np.linalg.norm(start)
@@ -509,8 +509,8 @@ def search_singular_token(values: np.ndarray, restarts: int = 20, iterations: in
 def token_miss(ssm: Any, n: int, values: np.ndarray, token: np.ndarray, rtol: float = 1e-10) -> float:
     """The least relative error of heads with values V (H, p, d) on the input (u, 0, …, 0), in [0, 1].
 
-    √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass and
-    range B(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the quantity the
+    √(Σ_ℓ dist(L_ℓ u, range 𝒱(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass and
+    range 𝒱(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the quantity the
     necessity half of {prf:ref}`thm-map-level-head-count` bounds below.
     """
     X = np.zeros((n, ssm.d))

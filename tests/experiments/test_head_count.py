@@ -376,7 +376,7 @@ def test_thm_map_level_head_count_bounds_and_exact_cases():
 @pytest.mark.parametrize("p, d", [(3, 3), (3, 2), (5, 2), (3, 4)])
 def test_lem_odd_nonsingular_p_odd_heads_lose_rank_at_some_token(p, d):
     # Any p heads with p odd: det[V_1 u … V_p u] changes sign between u and −u, and singular_token finds
-    # a zero: the smallest singular value of B(u) falls to rounding, for random and for the best-conditioned
+    # a zero: the smallest singular value of 𝒱(u) falls to rounding, for random and for the best-conditioned
     # families we have (the first p quaternion/octonion heads).
     rng = np.random.default_rng(p + d)
     families = [rng.standard_normal((p, p, d)) for _ in range(4)] + [cayley_dickson_values(p, d)[:p]]
@@ -391,7 +391,7 @@ def test_lem_odd_nonsingular_p_odd_heads_lose_rank_at_some_token(p, d):
 
 
 def test_lem_odd_nonsingular_transposed_case_and_fewer_heads():
-    # H = d odd, p >= 2 (the transposed family), and H < p, H < d: every token found leaves B(u) of rank < p.
+    # H = d odd, p >= 2 (the transposed family), and H < p, H < d: every token found leaves 𝒱(u) of rank < p.
     rng = np.random.default_rng(7)
     for H, p, d in [(3, 4, 3), (5, 6, 5), (2, 3, 4), (3, 2, 5)]:
         values = rng.standard_normal((H, p, d))
@@ -420,7 +420,7 @@ def test_lem_odd_nonsingular_needs_odd_p():
 
 @pytest.mark.parametrize("p, d", [(1, 1), (2, 2), (3, 3), (4, 4), (2, 5), (7, 8), (8, 8), (6, 2), (2, 4)])
 def test_prop_nonsingular_families_norm_preserving_families(p, d):
-    # Cayley–Dickson and complex families: B(u)B(u)ᵀ = ‖u‖² I exactly (integer identity), checked also
+    # Cayley–Dickson and complex families: 𝒱(u)𝒱(u)ᵀ = ‖u‖² I exactly (integer identity), checked also
     # on random tokens with numpy.
     families = [cayley_dickson_values(p, d)] + ([complex_values(p, d)] if 2 in (p, d) else [])
     for values in families:
@@ -442,6 +442,28 @@ def _quaternion(x, y):
                      a1 * c2 - b1 * d2 + c1 * a2 + d1 * b2, a1 * d2 + b1 * c2 - c1 * b2 + d1 * a2])
 
 
+def test_prop_nonsingular_families_cut_cayley_dickson_is_rows_of_the_uncut_scaled_orthogonal_matrix():
+    # Part 3's proof through the uncut matrix: for p, d <= H, 𝒱(u) of the cut family is the first p rows
+    # of M(ũ) of the H × H family, ũ = (u, 0); M(ũ)ᵀM(ũ) = M(ũ)M(ũ)ᵀ = ‖u‖² I_H, so 𝒱(u)𝒱(u)ᵀ = ‖u‖² I_p;
+    # the cut product x ↦ 𝒱(u)x does not preserve norms when p < H.
+    rng = np.random.default_rng(7)
+    for p, d in [(3, 5), (2, 7), (5, 3), (1, 4), (3, 3)]:
+        cut = cayley_dickson_values(p, d)
+        H = len(cut)
+        full = cayley_dickson_values(H, H)
+        for _ in range(5):
+            u = rng.standard_normal(d)
+            padded = np.concatenate([u, np.zeros(H - d)])
+            M, V = token_matrix(full, padded), token_matrix(cut, u)
+            np.testing.assert_allclose(V, M[:p], atol=1e-12)
+            np.testing.assert_allclose(M.T @ M, u @ u * np.eye(H), atol=1e-12)
+            np.testing.assert_allclose(M @ M.T, u @ u * np.eye(H), atol=1e-12)
+            np.testing.assert_allclose(V @ V.T, u @ u * np.eye(p), atol=1e-12)
+        x = rng.standard_normal(H)
+        if p < H:
+            assert np.linalg.norm(V @ x) < np.linalg.norm(x) * np.linalg.norm(u) * (1 - 1e-6)
+
+
 def test_prop_nonsingular_families_quaternions_are_hamilton_products():
     # The 4-head family is left multiplication by Hamilton's quaternions: V_h u = e_h · u.
     Q = cayley_dickson_values(4, 4)
@@ -453,7 +475,7 @@ def test_prop_nonsingular_families_quaternions_are_hamilton_products():
 @pytest.mark.parametrize("p, d", [(1, 1), (2, 3), (3, 3), (4, 2), (5, 7)])
 def test_prop_nonsingular_families_polynomial_product(p, d):
     # yᵀ V_h u is the t^h coefficient of y(t)u(t) (numpy.polymul, highest power first, reversed here),
-    # and B(u) has full rank p for random, structured and root-on-the-unit-circle tokens.
+    # and 𝒱(u) has full rank p for random, structured and root-on-the-unit-circle tokens.
     V = polynomial_values(p, d)
     assert V.shape == (p + d - 1, p, d)
     rng = np.random.default_rng(p + d)
@@ -719,7 +741,7 @@ def test_cor_map_level_exact_hopf_stiefel_number_against_known_values():
 
 def test_cor_map_level_exact_search_finds_the_tokens_hopf_stiefel_promises():
     # One map fewer than ν where the lemma says nothing (H > max(p, d)): the search finds a token with
-    # rank B(u) < p, for random and structured families; on a nonsingular family it cannot (σ_p stays
+    # rank 𝒱(u) < p, for random and structured families; on a nonsingular family it cannot (σ_p stays
     # at ‖u‖ for the octonions, at a positive floor for the polynomial family).
     rng = np.random.default_rng(11)
     for p, d in [(3, 5), (5, 5), (3, 6), (4, 6), (6, 6)]:
@@ -738,7 +760,7 @@ def test_cor_map_level_exact_search_finds_the_tokens_hopf_stiefel_promises():
 def test_cor_map_level_exact_one_head_fewer_misses_a_full_ssm(p, d):
     # For an SSM with k = pd: ν heads compute it, and ν − 1 value maps (random, or the first ν − 1 of the
     # family) miss it at the token of singular_token (or of the search, where only Hopf–Stiefel promises
-    # one); the miss is recomputed here by least squares on the lags L_ℓ u, with B(u)'s range cut to
+    # one); the miss is recomputed here by least squares on the lags L_ℓ u, with 𝒱(u)'s range cut to
     # its numerical rank.
     nu = _nu_formula(p, d)
     ssm, n = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + 2 * d), p * d + 2
