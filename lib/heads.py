@@ -49,8 +49,7 @@ def _weigh(M: np.ndarray) -> np.ndarray:
 
 
 def _weighted_lags(ssm: Any, n: int) -> np.ndarray:
-    # G (n, pd): rows √(n − ℓ) vec L_ℓ, the rows `_lag_span(weighted=True)` spans (no covariance).
-    # Private, imported by experiments.head_count.
+    # G (n, pd): rows √(n − ℓ) vec L_ℓ, as in `_lag_span(weighted=True)`; private, for experiments.
     return _weigh(_lags(ssm, n).reshape(n, ssm.p * ssm.d))
 
 
