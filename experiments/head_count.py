@@ -607,26 +607,30 @@ def impulse_slope_max(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float,
     return float(values.max()), max(upper, float(values.max()))
 
 
-def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float) -> float:
+def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float,
+                       kappa: float | None = None) -> float:
     """(T κ̄_T / (‖K(0)‖_F − T κ̄_T))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T κ̄_T >= ‖K(0)‖_F).
 
     On Σ_{q>1} σ_q(G_n)² / ‖G_n‖²_F, the relative least error of one head, for ZOH with any n and
     Δ = T/n. κ̄_T is the certified upper end of `impulse_slope_max` (κ_T itself up to a relative
-    grid error of about T‖A_c‖/4000), so the bound is the proposition's, rounded up.
+    grid error of about T‖A_c‖/4000), so the bound is the proposition's, rounded up; kappa, if
+    given, is that upper end, computed once.
     """
     K0 = float(np.linalg.norm(C @ B_c))
-    M = impulse_slope_max(A_c, B_c, C, T)[1]
+    M = impulse_slope_max(A_c, B_c, C, T)[1] if kappa is None else kappa
     return (T * M / (K0 - T * M)) ** 2 if T * M < K0 else math.inf
 
 
-def short_window_step_ratio(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float, n: int) -> float:
+def short_window_step_ratio(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float, n: int, *,
+                            ssm: Any = None, kappa: float | None = None) -> float:
     """max_ℓ ‖L_ℓ − Δ K(0)‖_F / ((ℓ + ½) Δ² κ̄_T), ℓ < n, Δ = T/n: the proof's key step of
     {prf:ref}`prop-heads-needed-short-window` holds when this is <= 1 (L_ℓ from lib's ZOH
-    discretisation, κ̄_T the upper end of `impulse_slope_max`)."""
+    discretisation, or from ssm if given; κ̄_T the upper end of `impulse_slope_max`, or kappa)."""
     step = T / n
-    lags = LinearSSM.from_continuous(A_c, B_c, C, step, "zoh").lags(n).numpy(force=True)
+    ssm = LinearSSM.from_continuous(A_c, B_c, C, step, "zoh") if ssm is None else ssm
+    lags = ssm.lags(n).numpy(force=True)
     deviation = np.linalg.norm((lags - step * (C @ B_c)).reshape(n, -1), axis=1)
-    kappa = impulse_slope_max(A_c, B_c, C, T)[1]
+    kappa = impulse_slope_max(A_c, B_c, C, T)[1] if kappa is None else kappa
     return float(np.max(deviation / ((np.arange(n) + 0.5) * step ** 2 * kappa)))
 
 

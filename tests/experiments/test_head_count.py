@@ -1052,6 +1052,10 @@ def test_prop_heads_needed_short_window_key_step_holds_and_is_nearly_tight(syste
             assert ratio <= 1.0
             if T == 1e-4:
                 assert ratio > 0.999
+    kappa, ssm = impulse_slope_max(A_c, B_c, C, 1e-2)[1], LinearSSM.from_continuous(A_c, B_c, C, 1e-2 / 7, "zoh")
+    assert short_window_step_ratio(A_c, B_c, C, 1e-2, 7, ssm=ssm, kappa=kappa) == short_window_step_ratio(
+        A_c, B_c, C, 1e-2, 7)
+    assert short_window_bound(A_c, B_c, C, 1e-2, kappa) == short_window_bound(A_c, B_c, C, 1e-2)
 
 
 def test_continuous_head_errors_refuses_repeated_modes():
