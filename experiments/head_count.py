@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from lib import (RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
+from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
                  min_heads, operator_span, optimal_head_errors, truncated_heads)
+from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
@@ -117,12 +118,6 @@ def operator_head_errors(ssm: Any, n: int, H_max: int) -> np.ndarray:
 # -- value maps of bounded rank ({prf:ref}`prop-rank-limited-heads`) -----------------------------
 
 
-def _weighted_lags(ssm: Any, n: int) -> np.ndarray:
-    # G, (n, pd): rows √(n − ℓ) vec L_ℓ.
-    lags = ssm.lags(n).numpy(force=True).reshape(n, -1)
-    return lags * np.sqrt(np.arange(n, 0, -1.0))[:, None]
-
-
 def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
     """Σ_ℓ (n − ℓ) dist(L_ℓ, span{V_h})²_F: the least Σ_i E‖y_i − ŷ_i‖² of heads with value maps V (H, p, d).
 
@@ -207,8 +202,8 @@ class TokenDependentHeads(SequenceMap):
     """H heads with value maps V (H, p, d) and token-dependent coefficients that compute an LTI map.
 
     The sufficiency half of {prf:ref}`thm-map-level-head-count` ((I, J) for p = d = 2:
-    {prf:ref}`prop-map-level-two-heads`). With B(u) = [V_1 u, …, V_H u] of rank p, a_ℓ(u) is
-    the least-norm solution of B(u) a = L_ℓ u (QR of B(u)ᵀ; errors grow with cond B(u)) and
+    {prf:ref}`prop-map-level-two-heads`). With 𝒱(u) = [V_1 u, …, V_H u] of rank p, a_ℓ(u) is
+    the least-norm solution of 𝒱(u) a = L_ℓ u (QR of 𝒱(u)ᵀ; errors grow with cond 𝒱(u)) and
     α^h_ij(X) = a^h_{i−j}(x_j) for j <= i (0 for j > i and for x_j = 0), so that
     Σ_h V_h Σ_j α^h_ij(X) x_j = Σ_{j<=i} L_{i−j} x_j on every X, with interaction rank <= H.
     V defaults to `nonsingular_values(p, d)`; the ssm (with `lags`) is a submodule.
@@ -230,7 +225,7 @@ class TokenDependentHeads(SequenceMap):
         """α^h_ij(X), shape (b, H, n, n). ValueError if B(x_j) has rank < p at a token x_j ≠ 0."""
         n, device = X.shape[1], X.device
         targets = torch.einsum("lpd,bjd->bjpl", self.ssm.lags(n), X)  # L_ℓ x_j, (b, j, p, ℓ)
-        B = torch.einsum("hpd,bjd->bjph", self.V, X)                   # B(x_j), (b, j, p, H)
+        B = torch.einsum("hpd,bjd->bjph", self.V, X)                   # 𝒱(x_j), (b, j, p, H)
         nonzero = (X != 0).any(-1)[..., None, None]
         B = torch.where(nonzero, B, torch.eye(self.p, self.H, dtype=X.dtype, device=device))
         Q, R = torch.linalg.qr(B.transpose(-1, -2))                    # B(x)ᵀ = QR
@@ -266,7 +261,7 @@ def complex_values(p: int, d: int) -> np.ndarray:
     """The complex structure for p = 2 or d = 2: shape (m, p, d), m = 2⌈max(p, d)/2⌉.
 
     For p = 2, (V_h)_0b = δ_hb and (V_h)_1b = J_hb, J the 90° rotation of each coordinate pair
-    of ℝ^m, so B(u) has orthogonal rows of norm ‖u‖; for d = 2 the transposed family of (2, p).
+    of ℝ^m, so 𝒱(u) has orthogonal rows of norm ‖u‖; for d = 2 the transposed family of (2, p).
     """
     if p != 2:
         return complex_values(2, p).transpose(0, 2, 1)
@@ -359,8 +354,8 @@ def nonsingular_dimension_bounds(p: int, d: int) -> tuple[int, int]:
 def composition_defect(values: np.ndarray) -> float:
     """max |S_aa'bb' + S_aa'b'b − 2 δ_aa' δ_bb'| with S_aa'bb' = Σ_h (V_h)_ab (V_h)_a'b', for V (H, p, d).
 
-    0 exactly when B(u)B(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves a
-    family norm-preserving, hence nonsingular with cond B(u) = 1.
+    0 exactly when 𝒱(u)𝒱(u)ᵀ = ‖u‖² I_p for every u; exact for integer families, so 0 proves a
+    family norm-preserving, hence nonsingular with cond 𝒱(u) = 1.
     """
     S = np.einsum("hab,hce->acbe", values, values)  # S[a, a', b, b']
     p, d = values.shape[1:]
@@ -369,16 +364,16 @@ def composition_defect(values: np.ndarray) -> float:
 
 
 def token_matrix(values: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """B(u) = [V_1 u, …, V_H u] for V (H, p, d) and tokens u (..., d): shape (..., p, H).
+    """𝒱(u) = [V_1 u, …, V_H u] for V (H, p, d) and tokens u (..., d): shape (..., p, H).
 
-    A family is nonsingular when B(u) has rank p at every u ≠ 0.
+    A family is nonsingular when 𝒱(u) has rank p at every u ≠ 0.
     """
     return np.einsum("hpd,...d->...ph", values, tokens)
 
 
 def worst_conditioned_tokens(values: np.ndarray, samples: int = 20_000, keep: int = 3, *,
                              seed: Any = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The `keep` tokens (keep, d) with the largest cond B(u) = σ_1/σ_p (inf below rank p), worst first,
+    """The `keep` tokens (keep, d) with the largest cond 𝒱(u) = σ_1/σ_p (inf below rank p), worst first,
     and their condition numbers (keep,): a search, not a bound.
 
     Candidates: `samples` Gaussian tokens (default_rng(seed)), the basis vectors, (1, …, 1),
@@ -423,13 +418,13 @@ def map_head_bounds(ssm: Any, n: int, *, seed: Any = 0, rtol: float = 1e-10) -> 
 
 
 def half_circle_bisection(values: np.ndarray, start: np.ndarray, direction: np.ndarray | None = None) -> np.ndarray:
-    """The unit token where det B(u) changes sign on the half great circle cos θ u_0 + sin θ w, θ ∈ [0, π].
+    """The unit token where det 𝒱(u) changes sign on the half great circle cos θ u_0 + sin θ w, θ ∈ [0, π].
 
-    For square B(u) (V of shape (p, p, d), d >= 2), u_0 = start/‖start‖ and w the unit part of
+    For square 𝒱(u) (V of shape (p, p, d), d >= 2), u_0 = start/‖start‖ and w the unit part of
     `direction` (default: the basis vector least aligned with u_0) orthogonal to u_0; bisection on θ
-    keeps a sign change of det B in its bracket. For p odd, det B(−u) = −det B(u), so there is
-    one, and the token found has rank B(u) < p to rounding ({prf:ref}`lem-odd-nonsingular`). For p
-    even nothing forces a sign change: where det B keeps its sign (a nonsingular family) the
+    keeps a sign change of det 𝒱 in its bracket. For p odd, det 𝒱(−u) = −det 𝒱(u), so there is
+    one, and the token found has rank 𝒱(u) < p to rounding ({prf:ref}`lem-odd-nonsingular`). For p
+    even nothing forces a sign change: where det 𝒱 keeps its sign (a nonsingular family) the
     bisection runs to the far end, −u_0, and B there has full rank.
     """
     u0 = start / np.linalg.norm(start)
@@ -514,8 +509,8 @@ def search_singular_token(values: np.ndarray, restarts: int = 20, iterations: in
 def token_miss(ssm: Any, n: int, values: np.ndarray, token: np.ndarray, rtol: float = 1e-10) -> float:
     """The least relative error of heads with values V (H, p, d) on the input (u, 0, …, 0), in [0, 1].
 
-    √(Σ_ℓ dist(L_ℓ u, range B(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass and
-    range B(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the quantity the
+    √(Σ_ℓ dist(L_ℓ u, range 𝒱(u))² / Σ_ℓ ‖L_ℓ u‖²), with L_ℓ u from the SSM's forward pass and
+    range 𝒱(u) cut to singular values > rtol ‖V‖ ‖u‖ (0 if the SSM outputs 0): the quantity the
     necessity half of {prf:ref}`thm-map-level-head-count` bounds below.
     """
     X = np.zeros((n, ssm.d))
@@ -587,34 +582,79 @@ def continuous_head_errors(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: f
     return _tails(eigenvalues, H_max)
 
 
-def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float) -> float:
-    """(T M̄ / (‖K(0)‖_F − T M̄))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T M̄ >= ‖K(0)‖_F).
+def impulse_slope_max(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float,
+                      points: int = 2049) -> tuple[float, float]:
+    """(lower, upper) bracketing κ_T = max_{0<=t<=T} ‖C A_c e^{t A_c} B_c‖_F = max ‖K'(t)‖_F.
+
+    K' is evaluated on the grid t_k = kh, h = T/(points − 1) (e^{hA_c} by torch's matrix
+    exponential, its powers applied to B_c by doubling); lower = the largest grid value. Between
+    grid points ‖K'(t)‖ <= (‖K'(t_k)‖ + ‖K'(t_k+1)‖ + hD)/2 with D = ‖C A_c²‖₂ ‖B_c‖_F max(1, e^{Tμ})
+    >= max ‖K''‖_F, μ = λ_max((A_c + A_cᵀ)/2) (‖e^{tA_c}‖₂ <= e^{tμ}); upper = the largest of
+    these, an upper bound up to rounding (~1e-15 relative). T >= 0, points >= 2.
+    """
+    d = B_c.shape[1]
+    X = np.asarray(B_c, dtype=float)                 # columns k·d..k·d+d−1: e^{t_k A_c} B_c
+    power = torch.linalg.matrix_exp(torch.as_tensor(A_c * (T / (points - 1)), dtype=torch.float64)).numpy()
+    while X.shape[1] < points * d:                   # block m..2m−1 = e^{m h A_c} (block 0..m−1)
+        X = np.concatenate([X, power @ X], axis=1)
+        power = power @ power
+    K1 = (C @ A_c @ X[:, : points * d]).reshape(len(C), points, d)
+    values = np.sqrt((K1 ** 2).sum(axis=(0, 2)))
+    mu = float(np.linalg.eigvalsh((A_c + A_c.T) / 2).max())
+    D = float(np.linalg.norm(C @ A_c @ A_c, 2) * np.linalg.norm(B_c)) * max(1.0, math.exp(T * mu))
+    h = T / (points - 1)
+    upper = float(np.max((values[:-1] + values[1:] + h * D) / 2))
+    return float(values.max()), max(upper, float(values.max()))
+
+
+def short_window_bound(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float,
+                       kappa: float | None = None) -> float:
+    """(T κ̄_T / (‖K(0)‖_F − T κ̄_T))², the bound of {prf:ref}`prop-heads-needed-short-window` (inf if T κ̄_T >= ‖K(0)‖_F).
 
     On Σ_{q>1} σ_q(G_n)² / ‖G_n‖²_F, the relative least error of one head, for ZOH with any n and
-    Δ = T/n. M̄ = ‖C A_c‖₂ ‖B_c‖_F max(1, e^{T μ}), μ = λ_max((A_c + A_cᵀ)/2), bounds
-    M_T = max_{t<=T} ‖C A_c e^{t A_c} B_c‖_F from above (‖e^{tA_c}‖₂ <= e^{tμ}).
+    Δ = T/n. κ̄_T is the certified upper end of `impulse_slope_max` (κ_T itself up to a relative
+    grid error of about T‖A_c‖/4000), so the bound is the proposition's, rounded up; kappa, if
+    given, is that upper end, computed once.
     """
     K0 = float(np.linalg.norm(C @ B_c))
-    mu = float(np.linalg.eigvalsh((A_c + A_c.T) / 2).max())
-    M = float(np.linalg.norm(C @ A_c, 2) * np.linalg.norm(B_c)) * max(1.0, math.exp(T * mu))
+    M = impulse_slope_max(A_c, B_c, C, T)[1] if kappa is None else kappa
     return (T * M / (K0 - T * M)) ** 2 if T * M < K0 else math.inf
 
 
+def short_window_step_ratio(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, T: float, n: int, *,
+                            ssm: Any = None, kappa: float | None = None) -> float:
+    """max_ℓ ‖L_ℓ − Δ K(0)‖_F / ((ℓ + ½) Δ² κ̄_T), ℓ < n, Δ = T/n: the proof's key step of
+    {prf:ref}`prop-heads-needed-short-window` holds when this is <= 1 (L_ℓ from lib's ZOH
+    discretisation, or from ssm if given; κ̄_T the upper end of `impulse_slope_max`, or kappa)."""
+    step = T / n
+    ssm = LinearSSM.from_continuous(A_c, B_c, C, step, "zoh") if ssm is None else ssm
+    lags = ssm.lags(n).numpy(force=True)
+    deviation = np.linalg.norm((lags - step * (C @ B_c)).reshape(n, -1), axis=1)
+    kappa = impulse_slope_max(A_c, B_c, C, T)[1] if kappa is None else kappa
+    return float(np.max(deviation / ((np.arange(n) + 0.5) * step ** 2 * kappa)))
+
+
 def short_window_threshold(A_c: np.ndarray, B_c: np.ndarray, C: np.ndarray, eps: float) -> float:
-    """The largest T with `short_window_bound` <= eps (bisection; the bound grows with T): for every
-    window up to it, and every n, one head reaches relative squared error eps
-    ({prf:ref}`prop-heads-needed-short-window`). 0 if CB_c = 0."""
-    if not np.linalg.norm(C @ B_c) > 0:
+    """The largest window T* with (1 + √ε) T κ̄_T <= √ε ‖K(0)‖_F, i.e. `short_window_bound` <= eps:
+    for every window up to it, and every n, one head reaches relative squared error eps, since
+    κ_T <= κ_T* <= κ̄_T* ({prf:ref}`prop-heads-needed-short-window`). 0 if CB_c = 0.
+
+    Fixed-point iteration T ← c / κ̄_T, c = √ε ‖K(0)‖_F / (1 + √ε), from T = c / ‖K'(0)‖_F: the
+    iterates decrease while κ̄_T grows with T, until a step shrinks T by less than 1e-10.
+    """
+    K0 = float(np.linalg.norm(C @ B_c))
+    if not K0 > 0:
         return 0.0
-    low, high = 0.0, 1.0
-    while short_window_bound(A_c, B_c, C, high) <= eps:
-        low, high = high, 2 * high
+    c = math.sqrt(eps) * K0 / (1 + math.sqrt(eps))
+    T = c / float(np.linalg.norm(C @ A_c @ B_c))  # ‖K'(0)‖_F <= κ_T: an upper start
     for _ in range(200):
-        middle = 0.5 * (low + high)
-        if middle in (low, high):
+        following = c / impulse_slope_max(A_c, B_c, C, T)[1]
+        if following >= T * (1 - 1e-10):
             break
-        low, high = (middle, high) if short_window_bound(A_c, B_c, C, middle) <= eps else (low, middle)
-    return low
+        T = following
+    while short_window_bound(A_c, B_c, C, T) > eps:  # the grid's upper bound is not exactly monotone
+        T *= 1 - 1e-9
+    return T
 
 
 # -- softmax heads at the level of maps ({prf:ref}`prop-softmax-map-obstruction`) ---------------

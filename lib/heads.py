@@ -48,6 +48,11 @@ def _weigh(M: np.ndarray) -> np.ndarray:
     return M * np.sqrt(np.arange(len(M), 0, -1, dtype=np.float64))[:, None]
 
 
+def _weighted_lags(ssm: Any, n: int) -> np.ndarray:
+    # G (n, pd): rows √(n − ℓ) vec L_ℓ, as in `_lag_span(weighted=True)`; private, for experiments.
+    return _weigh(_lags(ssm, n).reshape(n, ssm.p * ssm.d))
+
+
 def _covariance(covariance: Any, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     # Σ, Σ^{1/2} and Σ^{+1/2} (d, d) of a checked covariance (eigenvalues <= 1e-12 λ_max count as 0).
     if covariance is None:

@@ -39,7 +39,9 @@ from experiments.head_count import (
     rank_one_triple,
     sampled_head_errors,
     search_singular_token,
+    impulse_slope_max,
     short_window_bound,
+    short_window_step_ratio,
     short_window_threshold,
     singular_token,
     softmax_heads,
@@ -374,7 +376,7 @@ def test_thm_map_level_head_count_bounds_and_exact_cases():
 @pytest.mark.parametrize("p, d", [(3, 3), (3, 2), (5, 2), (3, 4)])
 def test_lem_odd_nonsingular_p_odd_heads_lose_rank_at_some_token(p, d):
     # Any p heads with p odd: det[V_1 u … V_p u] changes sign between u and −u, and singular_token finds
-    # a zero: the smallest singular value of B(u) falls to rounding, for random and for the best-conditioned
+    # a zero: the smallest singular value of 𝒱(u) falls to rounding, for random and for the best-conditioned
     # families we have (the first p quaternion/octonion heads).
     rng = np.random.default_rng(p + d)
     families = [rng.standard_normal((p, p, d)) for _ in range(4)] + [cayley_dickson_values(p, d)[:p]]
@@ -389,7 +391,7 @@ def test_lem_odd_nonsingular_p_odd_heads_lose_rank_at_some_token(p, d):
 
 
 def test_lem_odd_nonsingular_transposed_case_and_fewer_heads():
-    # H = d odd, p >= 2 (the transposed family), and H < p, H < d: every token found leaves B(u) of rank < p.
+    # H = d odd, p >= 2 (the transposed family), and H < p, H < d: every token found leaves 𝒱(u) of rank < p.
     rng = np.random.default_rng(7)
     for H, p, d in [(3, 4, 3), (5, 6, 5), (2, 3, 4), (3, 2, 5)]:
         values = rng.standard_normal((H, p, d))
@@ -418,7 +420,7 @@ def test_lem_odd_nonsingular_needs_odd_p():
 
 @pytest.mark.parametrize("p, d", [(1, 1), (2, 2), (3, 3), (4, 4), (2, 5), (7, 8), (8, 8), (6, 2), (2, 4)])
 def test_prop_nonsingular_families_norm_preserving_families(p, d):
-    # Cayley–Dickson and complex families: B(u)B(u)ᵀ = ‖u‖² I exactly (integer identity), checked also
+    # Cayley–Dickson and complex families: 𝒱(u)𝒱(u)ᵀ = ‖u‖² I exactly (integer identity), checked also
     # on random tokens with numpy.
     families = [cayley_dickson_values(p, d)] + ([complex_values(p, d)] if 2 in (p, d) else [])
     for values in families:
@@ -440,6 +442,28 @@ def _quaternion(x, y):
                      a1 * c2 - b1 * d2 + c1 * a2 + d1 * b2, a1 * d2 + b1 * c2 - c1 * b2 + d1 * a2])
 
 
+def test_prop_nonsingular_families_cut_cayley_dickson_is_rows_of_the_uncut_scaled_orthogonal_matrix():
+    # Part 3's proof through the uncut matrix: for p, d <= H, 𝒱(u) of the cut family is the first p rows
+    # of M(ũ) of the H × H family, ũ = (u, 0); M(ũ)ᵀM(ũ) = M(ũ)M(ũ)ᵀ = ‖u‖² I_H, so 𝒱(u)𝒱(u)ᵀ = ‖u‖² I_p;
+    # the cut product x ↦ 𝒱(u)x does not preserve norms when p < H.
+    rng = np.random.default_rng(7)
+    for p, d in [(3, 5), (2, 7), (5, 3), (1, 4), (3, 3)]:
+        cut = cayley_dickson_values(p, d)
+        H = len(cut)
+        full = cayley_dickson_values(H, H)
+        for _ in range(5):
+            u = rng.standard_normal(d)
+            padded = np.concatenate([u, np.zeros(H - d)])
+            M, V = token_matrix(full, padded), token_matrix(cut, u)
+            np.testing.assert_allclose(V, M[:p], atol=1e-12)
+            np.testing.assert_allclose(M.T @ M, u @ u * np.eye(H), atol=1e-12)
+            np.testing.assert_allclose(M @ M.T, u @ u * np.eye(H), atol=1e-12)
+            np.testing.assert_allclose(V @ V.T, u @ u * np.eye(p), atol=1e-12)
+        x = rng.standard_normal(H)
+        if p < H:
+            assert np.linalg.norm(V @ x) < np.linalg.norm(x) * np.linalg.norm(u) * (1 - 1e-6)
+
+
 def test_prop_nonsingular_families_quaternions_are_hamilton_products():
     # The 4-head family is left multiplication by Hamilton's quaternions: V_h u = e_h · u.
     Q = cayley_dickson_values(4, 4)
@@ -451,7 +475,7 @@ def test_prop_nonsingular_families_quaternions_are_hamilton_products():
 @pytest.mark.parametrize("p, d", [(1, 1), (2, 3), (3, 3), (4, 2), (5, 7)])
 def test_prop_nonsingular_families_polynomial_product(p, d):
     # yᵀ V_h u is the t^h coefficient of y(t)u(t) (numpy.polymul, highest power first, reversed here),
-    # and B(u) has full rank p for random, structured and root-on-the-unit-circle tokens.
+    # and 𝒱(u) has full rank p for random, structured and root-on-the-unit-circle tokens.
     V = polynomial_values(p, d)
     assert V.shape == (p + d - 1, p, d)
     rng = np.random.default_rng(p + d)
@@ -566,6 +590,31 @@ def test_prop_softmax_map_obstruction_one_head_misses_by_one_minus_alpha22():
         np.testing.assert_allclose(y1, V @ u, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(y2, alpha22 * (V @ u), rtol=1e-12, atol=1e-14)
         assert alpha22 < 1 and np.linalg.norm(y2 - y1) > 1e-6 * np.linalg.norm(y1)
+
+
+def test_prop_softmax_map_obstruction_continuity_zero_expected_error_is_not_attained():
+    # The continuity argument after the proposition: on a constant input the heads' outputs are constant
+    # in i (part 1) while an SSM with memory's are not, and the difference of the two continuous maps moves
+    # by O(δ) within a ball of radius δ around it, so it stays above half its value on a ball of positive
+    # Gaussian probability: a positive expected squared error, whatever the (continuous) scores.
+    layer = SoftmaxAttention.random(3, 2, heads=2, max_length=6, seed=4)
+    layer = SoftmaxAttention(layer.W_Q, layer.W_K, layer.W_V, layer.W_O,
+                             position_bias=np.random.default_rng(2).standard_normal((2, 6)))
+    teacher = LinearSSM.random(4, 3, 2, spectral_radius=0.9, seed=6)
+    rng = np.random.default_rng(3)
+
+    def miss(X):
+        return np.linalg.norm(outputs(layer, X) - outputs(teacher, X), axis=(1, 2))
+
+    constant = np.tile(rng.standard_normal(3), (1, 6, 1))
+    at_constant = miss(constant)[0]
+    heads = outputs(layer, constant)[0]
+    np.testing.assert_allclose(heads, np.broadcast_to(heads[0], heads.shape), atol=1e-12)
+    assert at_constant > 0.1 * np.linalg.norm(outputs(teacher, constant))
+    for delta in (1e-1, 1e-3):
+        Z = rng.uniform(-1, 1, size=(200, 6, 3)) * delta / np.sqrt(18)  # inside the ball of radius δ
+        assert np.abs(miss(constant + Z) - at_constant).max() <= 20 * delta * (1 + np.abs(constant).max())
+    assert (miss(constant + Z) > at_constant / 2).all()
 
 
 # -- prop-rank-limited-heads --------------------------------------------------------------------
@@ -692,7 +741,7 @@ def test_cor_map_level_exact_hopf_stiefel_number_against_known_values():
 
 def test_cor_map_level_exact_search_finds_the_tokens_hopf_stiefel_promises():
     # One map fewer than ν where the lemma says nothing (H > max(p, d)): the search finds a token with
-    # rank B(u) < p, for random and structured families; on a nonsingular family it cannot (σ_p stays
+    # rank 𝒱(u) < p, for random and structured families; on a nonsingular family it cannot (σ_p stays
     # at ‖u‖ for the octonions, at a positive floor for the polynomial family).
     rng = np.random.default_rng(11)
     for p, d in [(3, 5), (5, 5), (3, 6), (4, 6), (6, 6)]:
@@ -711,7 +760,7 @@ def test_cor_map_level_exact_search_finds_the_tokens_hopf_stiefel_promises():
 def test_cor_map_level_exact_one_head_fewer_misses_a_full_ssm(p, d):
     # For an SSM with k = pd: ν heads compute it, and ν − 1 value maps (random, or the first ν − 1 of the
     # family) miss it at the token of singular_token (or of the search, where only Hopf–Stiefel promises
-    # one); the miss is recomputed here by least squares on the lags L_ℓ u, with B(u)'s range cut to
+    # one); the miss is recomputed here by least squares on the lags L_ℓ u, with 𝒱(u)'s range cut to
     # its numerical rank.
     nu = _nu_formula(p, d)
     ssm, n = LinearSSM.random(p * d, d, p, spectral_radius=0.9, seed=p + 2 * d), p * d + 2
@@ -952,10 +1001,61 @@ def test_prop_heads_needed_short_window_one_head_below_the_threshold_and_order_T
         errors.append(tails[1] / tails[0])
     assert 80 < errors[0] / errors[1] < 120
     K0 = np.linalg.norm(C @ B_c)
-    M = np.linalg.norm(C @ A_c, 2) * np.linalg.norm(B_c)  # μ = −1/2 < 0 for S4D-Lin
+    M = impulse_slope_max(A_c, B_c, C, 1e-3)[1]
     assert short_window_bound(A_c, B_c, C, 1e-3) == pytest.approx((1e-3 * M / (K0 - 1e-3 * M)) ** 2, rel=1e-12)
-    assert short_window_bound(A_c, B_c, C, K0 / M) == np.inf
+    T_big = 1.0
+    assert T_big * impulse_slope_max(A_c, B_c, C, T_big)[1] >= K0
+    assert short_window_bound(A_c, B_c, C, T_big) == np.inf
     assert short_window_threshold(A_c, np.zeros_like(B_c), C, eps) == 0.0
+
+
+def _impulse_slope_by_modes(A_c, B_c, C, T, points):
+    # ‖C A_c e^{t A_c} B_c‖_F on a grid, from numpy's eigendecomposition (not lib's or torch's exponential).
+    mu, R = np.linalg.eig(A_c)
+    left, right = C @ A_c @ R, np.linalg.inv(R) @ B_c
+    t = np.linspace(0.0, T, points)
+    K1 = np.einsum("pm,tm,md->tpd", left, np.exp(np.outer(t, mu)), right).real
+    return np.sqrt((K1 ** 2).sum(axis=(1, 2)))
+
+
+@pytest.mark.parametrize("system", ["s4d-lin", "non-normal"])
+def test_prop_heads_needed_short_window_kappa_is_bracketed(system):
+    # κ_T = max_{t<=T} ‖K'(t)‖_F: a 20× finer grid by eigen-modes stays within [lower, upper], and the bracket
+    # is narrow (the upper end is the grid maximum plus a bound on the rise between grid points).
+    if system == "s4d-lin":
+        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
+    else:
+        rng = np.random.default_rng(5)
+        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
+        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    for T in (1e-3, 1e-1, 1.0):
+        lower, upper = impulse_slope_max(A_c, B_c, C, T)
+        fine = _impulse_slope_by_modes(A_c, B_c, C, T, 40_961).max()
+        assert lower <= fine * (1 + 1e-9) and fine <= upper
+        assert upper - lower <= 0.05 * lower
+    assert impulse_slope_max(A_c, B_c, C, 1e-3)[0] >= np.linalg.norm(C @ A_c @ B_c) * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("system", ["s4d-lin", "non-normal"])
+def test_prop_heads_needed_short_window_key_step_holds_and_is_nearly_tight(system):
+    # The proof's key step ‖L_ℓ − ΔK(0)‖_F <= (ℓ + ½)Δ²κ_T: the largest ratio over ℓ is at most 1 at every
+    # window and length, and within 1e-3 of 1 on short windows (a κ_T too small by 1e-3 would break it).
+    if system == "s4d-lin":
+        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
+    else:
+        rng = np.random.default_rng(5)
+        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
+        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    for T in (1e-1, 1e-2, 1e-4):
+        for n in (1, 7, 300):
+            ratio = short_window_step_ratio(A_c, B_c, C, T, n)
+            assert ratio <= 1.0
+            if T == 1e-4:
+                assert ratio > 0.999
+    kappa, ssm = impulse_slope_max(A_c, B_c, C, 1e-2)[1], LinearSSM.from_continuous(A_c, B_c, C, 1e-2 / 7, "zoh")
+    assert short_window_step_ratio(A_c, B_c, C, 1e-2, 7, ssm=ssm, kappa=kappa) == short_window_step_ratio(
+        A_c, B_c, C, 1e-2, 7)
+    assert short_window_bound(A_c, B_c, C, 1e-2, kappa) == short_window_bound(A_c, B_c, C, 1e-2)
 
 
 def test_continuous_head_errors_refuses_repeated_modes():
