@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from experiments.gradient_highway import read_profile
-from experiments.tradeoff import margin_needed, margin_reading, reach, resonant_input, rotation_ssm, scaled_ssm
+from experiments.tradeoff import (
+    margin_needed,
+    margin_reading,
+    reach,
+    resonant_input,
+    rotation_ssm,
+    scaled_ssm,
+)
 from lib import LinearSSM, jacobian_norms, min_heads, s4d_ssm
 
 mpow = np.linalg.matrix_power
@@ -147,8 +154,9 @@ def test_slowest_mode_reach_is_where_a_mode_falls_to_eps():
 
 def test_recall_design_near_unit_start_beats_default_at_every_state_size_per_seed():
     # Referee B2 3: the reading "both factors matter and interact", from the committed table
-    import pandas as pd
     from pathlib import Path
+
+    import pandas as pd
 
     table = Path(__file__).resolve().parents[2] / "data/results/gradient-highway/recall-design.csv"
     acc = pd.read_csv(table).groupby(["states", "start"])["accuracy"]
@@ -169,7 +177,11 @@ def _scalar_lags(ssm, n):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_prop_rank_attenuation_independent_schur_bound_holds_for_non_normal_A(seed):
-    from experiments.tradeoff import departure_from_normality, schur_power_bounds, shift_ssm
+    from experiments.tradeoff import (
+        departure_from_normality,
+        schur_power_bounds,
+        shift_ssm,
+    )
 
     rng = np.random.default_rng(seed)
     cases = [rng.standard_normal((5, 5)) / 3, np.triu(rng.standard_normal((6, 6))), np.eye(7, k=1) * 2.0]
@@ -196,7 +208,12 @@ def test_prop_rank_attenuation_independent_nilpotent_A_forgets_after_N_steps():
 
 def test_prop_rank_attenuation_independent_the_referees_near_defective_shift():
     # Finding 1(a): N = 129, ρ = 0.807, κ₂(P) = 8.1e11, a full gradient at D = 128, Σ|L_ℓ| = 2.
-    from experiments.tradeoff import distance_reading, eigenvector_condition, scale_reach, shift_ssm
+    from experiments.tradeoff import (
+        distance_reading,
+        eigenvector_condition,
+        scale_reach,
+        shift_ssm,
+    )
 
     N, corner = 129, 1e-12
     r = corner ** (1 / N)
@@ -237,7 +254,11 @@ def test_prop_rank_attenuation_independent_shift_lags_and_gain_closed_form(N, r)
 
 def test_prop_rank_attenuation_independent_the_referees_cyclic_normal_ssm():
     # Finding 1(c): N = 101, ρ = 0.5^{1/100}: Σ|L_ℓ| = 0.87 on 303 positions (0.993 on any), not 145.
-    from experiments.tradeoff import cyclic_ssm, departure_from_normality, distance_reading
+    from experiments.tradeoff import (
+        cyclic_ssm,
+        departure_from_normality,
+        distance_reading,
+    )
 
     N, r = 101, 0.5 ** (1 / 100)
     ssm = cyclic_ssm(N, r)
