@@ -4,7 +4,11 @@
 radius (`scaled_ssm`); rotation blocks carry a rank-N span with no attenuation at all
 (`rotation_ssm`), at the price of outputs that grow with the position on a bounded resonant input
 (`resonant_input`); and a stable normal A can carry a gradient of relative size ε only as far as
-ln(1/ε)/(1 − ρ) allows (`margin_needed`). Models are lib's; arrays are float64 numpy.
+ln(1/ε)/(1 − ρ) allows (`margin_needed`); for every A, distance is bought with the margin, the
+departure from normality or the state size (`schur_power_bounds`), and the shifts of part 5 carry a
+gradient over N − 1 steps with small outputs (`shift_ssm`, `cyclic_ssm`, `distance_reading`). The
+torch-init tanh RNN's diagonal-scaling search (`best_diagonal_scaling`) serves
+{prf:ref}`prop-rnn-gradient` part 1. Models are lib's; arrays are float64 numpy.
 """
 
 from __future__ import annotations
@@ -97,3 +101,111 @@ def slowest_mode_reach(step: float, rate: float, eps: float = 1e-3) -> float:
     """ln(1/eps)/(Δ a): the distance at which the mode e^{−Δ a D} of step Δ and rate a falls to eps
     of its value at D = 0 — where an SSM whose slowest mode it is stops keeping eps of its start."""
     return math.log(1 / eps) / (step * rate)
+
+
+# -- what buys distance: margin, non-normality, state size ({prf:ref}`prop-rank-attenuation-independent` 3, 5) --
+
+
+def departure_from_normality(A: Any) -> float:
+    """ν = (‖A‖_F² − Σ|λ_q|²)^{1/2}: the Frobenius norm of the strict upper triangle of any Schur form of A
+    (0 iff A is normal; eigenvalues by numpy, negative rounding clipped to 0)."""
+    A = _array(A)
+    return math.sqrt(max(float((A ** 2).sum() - (np.abs(np.linalg.eigvals(A)) ** 2).sum()), 0.0))
+
+
+def schur_power_bounds(A: Any, length: int) -> np.ndarray:
+    """Σ_{j=0}^{min(D, N−1)} C(D, j) ρ^{D−j} ν^j >= ‖A^D‖₂ for D = 0..length−1, ρ = ρ(A),
+    ν = `departure_from_normality` (0^0 = 1).
+
+    {prf:ref}`prop-rank-attenuation-independent` 3(b): a word of (Λ + T)^D with j >= N factors T vanishes.
+    """
+    A = _array(A)
+    rho, nu = float(np.abs(np.linalg.eigvals(A)).max()), departure_from_normality(A)
+    return np.array([float(sum(math.comb(D, j) * rho ** (D - j) * nu ** j for j in range(min(D, len(A) - 1) + 1)))
+                     for D in range(length)])
+
+
+def shift_ssm(N: int, r: float) -> LinearSSM:
+    """A = S + r^N e_1 e_N^⊤ (S the shift, S e_q = e_{q+1}), B = e_1, C = (e_1 + e_N)^⊤, d = p = 1.
+
+    ρ(A) = r; lags L_{mN} = L_{mN+N−1} = r^{mN}, zero otherwise; r = 0: a shift register (A = S nilpotent);
+    r > 0: A = Δ (rZ) Δ⁻¹, Z the cyclic permutation, Δ = diag(r^{−(q−1)}), κ₂(P) = r^{−(N−1)}
+    ({prf:ref}`prop-rank-attenuation-independent` 5(a)).
+    """
+    A = np.eye(N, k=-1)
+    A[0, N - 1] = r ** N
+    B, C = np.zeros((N, 1)), np.zeros((1, N))
+    B[0, 0] = C[0, 0] = C[0, N - 1] = 1.0
+    return LinearSSM(A, B, C)
+
+
+def cyclic_ssm(N: int, r: float) -> LinearSSM:
+    """A = r Z (Z the cyclic permutation: normal, ρ = r), B = e_1, C = e_N^⊤, d = p = 1: L_ℓ = r^ℓ for
+    ℓ ≡ N − 1 (mod N), zero otherwise ({prf:ref}`prop-rank-attenuation-independent` 5(b))."""
+    A = r * np.eye(N, k=-1)
+    A[0, N - 1] = r
+    B, C = np.zeros((N, 1)), np.zeros((1, N))
+    B[0, 0] = C[0, N - 1] = 1.0
+    return LinearSSM(A, B, C)
+
+
+def worst_bounded_input(lags: Any) -> np.ndarray:
+    """x_t = sign L_{n−1−t}, shape (n, 1), for scalar lags L_0..L_{n−1}: |x_t| <= 1 and
+    y_{n−1} = Σ_ℓ |L_ℓ|, the largest output any input with |x_t| <= 1 gives at position n − 1."""
+    return np.sign(_array(lags).reshape(-1))[::-1, None].copy()
+
+
+def eigenvector_condition(A: Any) -> float:
+    """κ₂(P) of numpy's eigenvector matrix (columns of unit norm)."""
+    return float(np.linalg.cond(np.linalg.eig(_array(A))[1]))
+
+
+# -- the torch-init tanh RNN at large N: the diagonal scaling of {prf:ref}`prop-rnn-gradient` part 1 --------
+
+
+def _scaled_norm(x: np.ndarray, W: np.ndarray) -> tuple[float, np.ndarray]:
+    # ‖e^X W e^{−X}‖₂ (X = diag(x − mean x)) and its gradient u² − v² (top singular pair), mean removed.
+    d = np.exp(x - x.mean())
+    U, s, Vt = np.linalg.svd(d[:, None] * W / d[None, :])
+    grad = U[:, 0] ** 2 - Vt[0] ** 2
+    return float(s[0]), grad - grad.mean()
+
+
+def best_diagonal_scaling(W: Any, iterations: int) -> tuple[float, np.ndarray]:
+    """A local search (L-BFGS, `iterations` steps from Λ = I) for a positive diagonal Λ with small
+    ‖ΛWΛ⁻¹‖₂; returns that norm and Λ's diagonal. Its value is an upper bound on the least such norm,
+    not the least: a value < 1 certifies decay on every input ({prf:ref}`prop-rnn-gradient` 1), one > 1
+    certifies nothing."""
+    from scipy.optimize import minimize
+
+    W = _array(W)
+    res = minimize(_scaled_norm, np.zeros(len(W)), args=(W,), jac=True, method="L-BFGS-B",
+                   options={"maxiter": iterations})
+    x = res.x - res.x.mean()
+    d = np.exp(x)
+    return float(np.linalg.norm(d[:, None] * W / d[None, :], 2)), d
+
+
+def distance_reading(ssm: LinearSSM, profile: Any) -> dict[str, float]:
+    """Part 3 and 5 of {prf:ref}`prop-rank-attenuation-independent` for a scalar SSM (d = p = 1) and its
+    profile g(D) = |L_D|, D = 0..n−1: N, ρ, κ₂(P) (`eigenvector_condition`; nan if ρ = 0), g(0), g(N−1),
+    "Schur ratio" max_D g(D)/(‖C‖₂‖B‖_F `schur_power_bounds`) (<= 1 by 3(b); 0/0 read as 0),
+    "gain" Σ_{D<n} g(D) (the largest |y_{n−1}| on inputs with |x_t| <= 1) and "1/(1−ρ)", part 4's
+    ceiling for a normal A with ‖C‖₂ = ‖B‖₂ = 1."""
+    g, A = _array(profile), _array(ssm.A)
+    rho, N = ssm.spectral_radius, len(A)
+    scale = float(np.linalg.norm(_array(ssm.C), 2) * np.linalg.norm(_array(ssm.B)))
+    bounds = scale * schur_power_bounds(A, len(g))
+    ratio = np.divide(g, bounds, out=np.zeros_like(g), where=bounds > 0)
+    if (g[bounds == 0] > 0).any():
+        ratio = np.append(ratio, np.inf)
+    return {"N": N, "ρ": rho, "κ₂(P)": eigenvector_condition(A) if rho > 0 else float("nan"),
+            "g(0)": float(g[0]), "g(N−1)": float(g[N - 1]), "Schur ratio": float(ratio.max()),
+            "gain": float(g.sum()), "1/(1−ρ)": 1 / (1 - rho)}
+
+
+def torch_init_recurrence(N: int, seed: Any) -> np.ndarray:
+    """W of `experiments.gradient_highway.torch_default_rnn` (torch.nn.RNN's uniform ±1/√N), N × N."""
+    from experiments.gradient_highway import torch_default_rnn
+
+    return _array(torch_default_rnn(N, 1, 1, seed=seed).W)

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from experiments.gradient_highway import read_profile
-from experiments.tradeoff import margin_needed, margin_reading, reach, resonant_input, rotation_ssm, scaled_ssm
+from experiments.tradeoff import (
+    margin_needed,
+    margin_reading,
+    reach,
+    resonant_input,
+    rotation_ssm,
+    scaled_ssm,
+)
 from lib import LinearSSM, jacobian_norms, min_heads, s4d_ssm
 
 mpow = np.linalg.matrix_power
@@ -147,8 +154,9 @@ def test_slowest_mode_reach_is_where_a_mode_falls_to_eps():
 
 def test_recall_design_near_unit_start_beats_default_at_every_state_size_per_seed():
     # Referee B2 3: the reading "both factors matter and interact", from the committed table
-    import pandas as pd
     from pathlib import Path
+
+    import pandas as pd
 
     table = Path(__file__).resolve().parents[2] / "data/results/gradient-highway/recall-design.csv"
     acc = pd.read_csv(table).groupby(["states", "start"])["accuracy"]
@@ -158,3 +166,127 @@ def test_recall_design_near_unit_start_beats_default_at_every_state_size_per_see
         gains[size] = acc.mean()[size, "near 1"] - acc.mean()[size, "default"]
     assert 0 < gains[16] < gains[128]  # the effect interacts with the state size
     assert acc.max().max() < 0.5  # no cell near the attention head's 1.00
+
+
+# -- parts 3(b) and 5: what buys distance (final referee read, finding 1) ----------------------------
+
+
+def _scalar_lags(ssm, n):
+    return ssm.lags(n).numpy(force=True).ravel()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prop_rank_attenuation_independent_schur_bound_holds_for_non_normal_A(seed):
+    from experiments.tradeoff import (
+        departure_from_normality,
+        schur_power_bounds,
+        shift_ssm,
+    )
+
+    rng = np.random.default_rng(seed)
+    cases = [rng.standard_normal((5, 5)) / 3, np.triu(rng.standard_normal((6, 6))), np.eye(7, k=1) * 2.0]
+    cases += [shift_ssm(9, 0.6).A.numpy(force=True), shift_ssm(9, 0.0).A.numpy(force=True)]
+    for A in cases:
+        bounds = schur_power_bounds(A, 40)
+        norms = np.array([np.linalg.norm(mpow(A, D), 2) for D in range(40)])
+        assert (norms <= bounds * (1 + 1e-9) + 1e-300).all()
+    normal = s4d_ssm(6, 3, 0.9, seed=seed).A.numpy(force=True)
+    assert departure_from_normality(normal) < 1e-6  # ν = 0 for normal A: the bound is ρ^D
+    np.testing.assert_allclose(schur_power_bounds(normal, 30), 0.9 ** np.arange(30), rtol=1e-6)
+
+
+def test_prop_rank_attenuation_independent_nilpotent_A_forgets_after_N_steps():
+    from experiments.tradeoff import schur_power_bounds, shift_ssm
+
+    register = shift_ssm(7, 0.0)
+    A = register.A.numpy(force=True)
+    assert register.spectral_radius == 0 and not mpow(A, 7).any() and mpow(A, 6).any()
+    lags = _scalar_lags(register, 30)
+    assert np.flatnonzero(lags).tolist() == [0, 6]  # a token carried over N − 1 = 6 steps
+    assert (schur_power_bounds(A, 30)[7:] == 0).all()
+
+
+def test_prop_rank_attenuation_independent_the_referees_near_defective_shift():
+    # Finding 1(a): N = 129, ρ = 0.807, κ₂(P) = 8.1e11, a full gradient at D = 128, Σ|L_ℓ| = 2.
+    from experiments.tradeoff import (
+        distance_reading,
+        eigenvector_condition,
+        scale_reach,
+        shift_ssm,
+    )
+
+    N, corner = 129, 1e-12
+    r = corner ** (1 / N)
+    ssm = shift_ssm(N, r)
+    assert ssm.spectral_radius == pytest.approx(r, rel=1e-9) and round(r, 3) == 0.807
+    kappa = r ** -(N - 1)
+    assert eigenvector_condition(ssm.A) == pytest.approx(kappa, rel=1e-3) and f"{kappa:.1e}" == "8.1e+11"
+    g = jacobian_norms(ssm, np.zeros((3 * N, 1)), 3 * N - 1)[::-1]
+    closed = np.zeros(3 * N)
+    closed[[0, N - 1, N, 2 * N - 1, 2 * N, 3 * N - 1]] = [1, 1, corner, corner, corner**2, corner**2]
+    np.testing.assert_allclose(g, closed, rtol=1e-9, atol=1e-300)
+    assert scale_reach(g, math.sqrt(2), 1e-3) == N - 1
+    reading = distance_reading(ssm, g)
+    assert reading["gain"] == pytest.approx(2.0, rel=1e-11) and reading["Schur ratio"] <= 1
+    # part 3(a) holds (with ε = 1/√2) and is nearly tight
+    assert -math.log(r) <= math.log(kappa * math.sqrt(2)) / (N - 1) < -math.log(r) * 1.02
+
+
+@pytest.mark.parametrize("N, r", [(5, 0.3), (8, 0.9), (12, 0.99)])
+def test_prop_rank_attenuation_independent_shift_lags_and_gain_closed_form(N, r):
+    from experiments.tradeoff import shift_ssm, worst_bounded_input
+
+    ssm = shift_ssm(N, r)
+    lags = _scalar_lags(ssm, 60 * N)
+    closed = np.zeros(60 * N)
+    for m in range(60):
+        closed[[m * N, m * N + N - 1]] = r ** (m * N)
+    np.testing.assert_allclose(lags, closed, rtol=1e-9, atol=1e-300)
+    assert np.abs(lags).sum() == pytest.approx(2 * (1 - r ** (60 * N)) / (1 - r**N), rel=1e-9)
+    short = _scalar_lags(ssm, 3 * N)
+    with torch.no_grad():
+        y = ssm(torch.from_numpy(worst_bounded_input(short))).numpy()
+    assert y[-1, 0] == pytest.approx(np.abs(short).sum(), rel=1e-12)
+    X = np.random.default_rng(N).uniform(-1, 1, (3 * N, 1))  # any bounded input stays below the sum
+    with torch.no_grad():
+        assert np.abs(ssm(torch.from_numpy(X)).numpy()).max() <= np.abs(short).sum() + 1e-12
+
+
+def test_prop_rank_attenuation_independent_the_referees_cyclic_normal_ssm():
+    # Finding 1(c): N = 101, ρ = 0.5^{1/100}: Σ|L_ℓ| = 0.87 on 303 positions (0.993 on any), not 145.
+    from experiments.tradeoff import (
+        cyclic_ssm,
+        departure_from_normality,
+        distance_reading,
+    )
+
+    N, r = 101, 0.5 ** (1 / 100)
+    ssm = cyclic_ssm(N, r)
+    assert departure_from_normality(ssm.A) < 1e-6
+    g = jacobian_norms(ssm, np.zeros((3 * N, 1)), 3 * N - 1)[::-1]
+    reading = distance_reading(ssm, g)
+    assert reading["g(N−1)"] == pytest.approx(0.5, rel=1e-12)
+    assert round(reading["gain"], 2) == 0.87 and round(reading["1/(1−ρ)"]) == 145
+    sup = r ** (N - 1) / (1 - r**N)
+    assert np.abs(_scalar_lags(ssm, 60 * N)).sum() == pytest.approx(sup, rel=1e-9)
+    assert round(sup, 3) == 0.993 and sup <= 1 / (N * (1 - r))
+
+
+# -- the torch-init RNN at N = 64 (finding 4) ----------------------------------------------------------
+
+
+def test_best_diagonal_scaling_finds_a_hidden_certificate_and_none_at_torch_init():
+    from experiments.tradeoff import best_diagonal_scaling, torch_init_recurrence
+
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((6, 6))
+    M *= 0.9 / np.linalg.norm(M, 2)
+    scale = np.exp(rng.uniform(-2, 2, 6))
+    W = scale[:, None] * M / scale[None, :]  # ‖W‖₂ > 1, but Λ = diag(1/scale) gives 0.9
+    assert np.linalg.norm(W, 2) > 1
+    found, d = best_diagonal_scaling(W, 200)
+    assert found <= 0.9 + 1e-6
+    assert found == pytest.approx(np.linalg.norm(d[:, None] * W / d[None, :], 2))
+    W = torch_init_recurrence(64, seed=0)  # the referee's case: ‖W‖₂ > 1, no certificate found
+    found, _ = best_diagonal_scaling(W, 50)
+    assert 1 < found < np.linalg.norm(W, 2)
