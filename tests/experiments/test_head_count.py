@@ -962,16 +962,20 @@ def test_prop_heads_needed_short_window_lags_are_integrals_of_the_impulse_respon
     np.testing.assert_allclose(lags_np(ssm, 5), _zoh_lags_by_quadrature(A_c, B_c, C, 0.05, 5), atol=1e-9)
 
 
+def _short_window_system(system):
+    # An S4D-Lin system, or a non-normal A_c (its symmetric part has a positive eigenvalue: μ > 0).
+    if system == "s4d-lin":
+        return s4d_continuous(16, 4, seed=1)
+    rng = np.random.default_rng(5)
+    A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
+    return A_c, rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+
+
 @pytest.mark.parametrize("system", ["s4d-lin", "non-normal"])
 def test_prop_heads_needed_short_window_bound_holds_at_every_length(system):
     # The relative one-head least error (SVD of G by numpy) never exceeds the bound, for n from 1 to 500
     # and windows on both sides of the threshold; for a non-normal A_c (μ > 0 possible) too.
-    if system == "s4d-lin":
-        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
-    else:
-        rng = np.random.default_rng(5)
-        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
-        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    A_c, B_c, C = _short_window_system(system)
     assert np.linalg.eigvalsh((A_c + A_c.T) / 2).max() > 0 or system == "s4d-lin"
     finite = 0
     for T in (1e-1, 1e-2, 1e-3, 1e-4):
@@ -1022,12 +1026,7 @@ def _impulse_slope_by_modes(A_c, B_c, C, T, points):
 def test_prop_heads_needed_short_window_kappa_is_bracketed(system):
     # κ_T = max_{t<=T} ‖K'(t)‖_F: a 20× finer grid by eigen-modes stays within [lower, upper], and the bracket
     # is narrow (the upper end is the grid maximum plus a bound on the rise between grid points).
-    if system == "s4d-lin":
-        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
-    else:
-        rng = np.random.default_rng(5)
-        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
-        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    A_c, B_c, C = _short_window_system(system)
     for T in (1e-3, 1e-1, 1.0):
         lower, upper = impulse_slope_max(A_c, B_c, C, T)
         fine = _impulse_slope_by_modes(A_c, B_c, C, T, 40_961).max()
@@ -1040,12 +1039,7 @@ def test_prop_heads_needed_short_window_kappa_is_bracketed(system):
 def test_prop_heads_needed_short_window_key_step_holds_and_is_nearly_tight(system):
     # The proof's key step ‖L_ℓ − ΔK(0)‖_F <= (ℓ + ½)Δ²κ_T: the largest ratio over ℓ is at most 1 at every
     # window and length, and within 1e-3 of 1 on short windows (a κ_T too small by 1e-3 would break it).
-    if system == "s4d-lin":
-        A_c, B_c, C = s4d_continuous(16, 4, seed=1)
-    else:
-        rng = np.random.default_rng(5)
-        A_c = rng.standard_normal((5, 5)) + 3 * np.eye(5, k=1)
-        B_c, C = rng.standard_normal((5, 3)), rng.standard_normal((2, 5))
+    A_c, B_c, C = _short_window_system(system)
     for T in (1e-1, 1e-2, 1e-4):
         for n in (1, 7, 300):
             ratio = short_window_step_ratio(A_c, B_c, C, T, n)
