@@ -629,7 +629,7 @@ class RecallResult:
     """One training run: test accuracy and mean cross-entropy on the test batch, the mean
     training loss over the last 10 % of steps, and the run's distance, seed, steps and kind;
     `predictions` (argmax of the logits) and `labels` of the test batch, in its order, for
-    paired comparisons of runs on the same test batch (`mcnemar`)."""
+    paired comparisons of runs on the same test batch (`experiments.trained_heads.mcnemar`)."""
 
     distance: int
     seed: int
@@ -667,27 +667,6 @@ def train_recall(model: torch.nn.Module, task: RecallTask, *, steps: int = 200, 
                         loss=float(F.cross_entropy(logits, y_test)),
                         train_loss=float(np.mean(history[-max(1, steps // 10):])), kind=kind,
                         predictions=tuple(logits.argmax(-1).tolist()), labels=tuple(y_test.tolist()))
-
-
-@dataclass(frozen=True)
-class McNemar:
-    """Exact McNemar test of two classifiers on the same examples: `first` = examples only the first
-    gets right, `second` = only the second; `p` = two-sided P(Bin(first + second, 1/2) as far from
-    its mean), 1 when there is no discordant example."""
-
-    first: int
-    second: int
-    p: float
-
-
-def mcnemar(first: Any, second: Any) -> McNemar:
-    """McNemar's exact test on per-example correctness (booleans, paired by position; concatenate
-    several test batches to pool them — each pair still shares its example)."""
-    a, b = np.asarray(first, dtype=bool), np.asarray(second, dtype=bool)
-    only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
-    m, k = only_a + only_b, min(only_a, only_b)
-    tail = sum(math.comb(m, r) for r in range(k + 1)) / 2 ** m
-    return McNemar(only_a, only_b, min(1.0, 2 * tail))
 
 
 def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: int = 256, seed: int = 0) -> float:

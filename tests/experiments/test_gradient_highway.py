@@ -1793,20 +1793,6 @@ def test_cor_attention_price_integer_horizon_bound_holds_to_the_floor_and_fails_
     assert math.floor(math.exp(gh.sharp_price_horizon(S, 0.1))) == 18
 
 
-def test_mcnemar_exact_p_value_against_scipy_binomtest():
-    from scipy.stats import binomtest
-    rng = np.random.default_rng(0)
-    for size, bias in ((256, 0.0), (256, 0.1), (40, 0.3), (512, 0.05)):
-        a = rng.random(size) < 0.3
-        b = rng.random(size) < 0.3 + bias
-        test = gh.mcnemar(a, b)
-        assert (test.first, test.second) == (int((a & ~b).sum()), int((b & ~a).sum()))
-        assert test.p == pytest.approx(binomtest(test.first, test.first + test.second, 0.5).pvalue, rel=1e-9)
-        assert gh.mcnemar(b, a).p == pytest.approx(test.p, rel=1e-12)
-    assert gh.mcnemar([True, False], [True, False]).p == 1.0
-    assert gh.mcnemar([True] * 10, [False] * 10).p == pytest.approx(2 / 2 ** 10)
-
-
 def test_train_recall_stores_the_test_predictions_it_scores():
     # Finding 3: the paired tests need per-example correctness on the shared test batch, without retraining.
     task = RecallTask(3, classes=4, noise=0.3)
