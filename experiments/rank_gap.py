@@ -186,7 +186,7 @@ def position_only_softmax(ssm, n: int, restarts: int = 3, iterations: int = 300,
         opt = torch.optim.LBFGS([b], max_iter=iterations, line_search_fn="strong_wolfe",
                                 tolerance_grad=1e-10, tolerance_change=1e-13)
 
-        def loss():
+        def loss(opt=opt, b=b):
             opt.zero_grad()
             mixed, s = parts(b)
             value = total - (mixed**2).sum() / s
