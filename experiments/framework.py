@@ -215,18 +215,32 @@ def lti_rank_systems(rng: np.random.Generator, N: int = 4) -> dict[str, tuple[np
     }
 
 
+def minimal_polynomial_degree(A: np.ndarray, rtol: float = 1e-10) -> int:
+    """m_A = dim span{I, A, …, A^N}, by the numerical rank of the unit-normalised vec(A^ℓ)."""
+    powers, P = [], np.eye(A.shape[0])
+    for _ in range(A.shape[0] + 1):
+        norm = np.linalg.norm(P)
+        if norm == 0:
+            break
+        powers.append(P.ravel() / norm)
+        P = A @ P
+    return ref.numerical_rank(np.array(powers), rtol)
+
+
 def lti_rank_rows(systems: dict, inputs: dict[int, np.ndarray], measure) -> list[dict]:
     """prop-lti-ssm's exact rank on each system of `lti_rank_systems`: the rank `measure(model,
     X)` measures (lib's interaction rank of lib's operator) against `resolvent_rank` (numpy, no
-    lags), with the bound min(N, n, pd); inputs {d: X (b, n, d)} with n >= N."""
+    lags), with the bound min(m_A, n, rank C · rank B) (m_A by `minimal_polynomial_degree`, ranks by
+    numpy); inputs {d: X (b, n, d)} with n >= N. "holds": measured = k <= the bound."""
     rows = []
     for name, (A, B, C) in systems.items():
         X = inputs[B.shape[1]]
-        N, n, pd = A.shape[0], X.shape[1], C.shape[0] * B.shape[1]
+        N, n = A.shape[0], X.shape[1]
+        bound = min(minimal_polynomial_degree(A), n, np.linalg.matrix_rank(C) * np.linalg.matrix_rank(B))
         k, rank = resolvent_rank(A, B, C), int(measure(LinearSSM(A, B, C), X))
-        rows.append({"system": name, "N": N, "p × d": f"{C.shape[0]} × {B.shape[1]}", "min(N, n, pd)": min(N, n, pd),
-                     "k (resolvents)": k, "measured rank": rank, "proposition": "prop-lti-ssm",
-                     "holds": rank == k <= min(N, n, pd)})
+        rows.append({"system": name, "N": N, "p × d": f"{C.shape[0]} × {B.shape[1]}",
+                     "min(m_A, n, rk C·rk B)": int(bound), "k (resolvents)": k, "measured rank": rank,
+                     "proposition": "prop-lti-ssm", "holds": rank == k <= bound})
     return rows
 
 
@@ -541,3 +555,111 @@ def residual_head_example(radius: float, n: int) -> tuple[int, float]:
     head = np.eye(n)[:, :, None, None] * np.eye(2) + coefficient[:, :, None, None] * J
     k = operator_span(W.reshape(-1, 2, 2)).dim
     return k, float(np.abs(W - head).max() / np.abs(head).max())
+
+
+# -- ranks below the structural maximum, and a rank-one step projection -------------------------
+
+
+def rank_one_step(model, u: np.ndarray, bias: np.ndarray, seed: int = 0):
+    """The selective scan `model` with W_Δ = u vᵀ (v a fixed random direction) and dt_bias = bias."""
+    P = _parameters(model)
+    v = np.random.default_rng(seed).standard_normal(model.d)
+    return SelectiveSSM(P["A_log"], np.outer(u, v), bias, P["W_B"], P["W_C"])
+
+
+def diagonal_block_rank(model, inputs: np.ndarray) -> int:
+    """dim span{𝒲_ii(X)} over the diagonal blocks only (lib's operator, inputs (b, n, d)): the part
+    of the interaction rank that the softplus functions g_q govern in the selective scan. Singular
+    values count above 1e-10 times the largest of the whole operator, so zero blocks count 0."""
+    W = _lib(model.operator, inputs)
+    n = inputs.shape[1]
+    diagonal = W[:, np.arange(n), np.arange(n)].reshape(n * len(W), -1)
+    sigma = np.linalg.svd(diagonal, compute_uv=False)
+    largest = np.linalg.svd(W.reshape(-1, diagonal.shape[1]), compute_uv=False)[0]
+    return int((sigma > 1e-10 * largest).sum())  # the 1e-10 rule, against the whole operator
+
+
+def below_maximum(zoo) -> list[tuple[str, str, object, int]]:
+    """(name, label, model, rank fixed in advance) of instances built from the zoo's so that the
+    exact interaction rank lies below the structural maximum (pd, d, min(r, n, pd), H):
+    a ReLU layer whose W₁ repeats each of m/2 rows twice (m/2 distinct activations), a convolution
+    whose last tap is the sum of the first two (r − 1), a selective scan whose channels 1 and 2
+    share a constant step and their A rows (d − 1), and an SSD scan whose second head's value map
+    W_O Π_2 is zero (1)."""
+    models = {label: model for _, label, model in zoo}
+    ffn, conv, scan = models["prop-ffn"], models["prop-conv"], models["prop-selective-ssm"]
+    [ssd] = [model for _, label, model in zoo if label == "prop-ssd" and model.H == 2]
+    P = {label: _parameters(model) for label, model in
+         (("ffn", ffn), ("conv", conv), ("scan", scan), ("ssd", ssd))}
+    half = ffn.m // 2
+    W1 = np.repeat(P["ffn"]["W1"][:half], 2, axis=0)
+    K = P["conv"]["K"].copy()
+    K[-1] = K[0] + K[1]
+    A_log = P["scan"]["A_log"]
+    assert np.all(A_log[0] == A_log[1]), "channels 1 and 2 must share A (Mamba's init does)"
+    equal_steps = rank_one_step(scan, np.array([0.0, 0.0, 1.0, 2.0]), np.array([0.1, 0.1, 0.2, -0.3]))
+    W_O = P["ssd"]["W_O"].copy()
+    W_O[:, ssd.d // 2:] = 0.0
+    pd_ = dict(P["ssd"], W_O=W_O)
+    dead_head = SSD(*(pd_[k] for k in ("A_log", "W_delta", "dt_bias", "W_B", "W_C", "W_O")))
+    return [
+        (f"ReLU layer, W₁ rows repeated ({half} distinct)", "prop-ffn", FeedForward(W1, P["ffn"]["W2"]), half),
+        (f"convolution, K_{conv.r - 1} = K_0 + K_1", "prop-conv", CausalConv1d(K), conv.r - 1),
+        ("selective scan, channels 1, 2: one constant step", "prop-selective-ssm", equal_steps, scan.d - 1),
+        ("SSD scan, 2 heads, W_O Π_2 = 0", "prop-ssd", dead_head, 1),
+    ]
+
+
+def below_maximum_rows(instances, inputs: np.ndarray, measure) -> list[dict]:
+    """Per instance of `below_maximum`: the value fixed in advance, the page's formula where it has
+    one (`predicted_rank` "=", as text; else "–"), and the rank `measure(model, X)` measures; "holds" when
+    the measured rank equals the fixed value (and the formula, where there is one)."""
+    rows = []
+    for name, label, model, fixed in instances:
+        relation, value, _ = predicted_rank(model, inputs)
+        formula = str(value) if relation == "=" else "–"
+        rank = int(measure(model, inputs))
+        rows.append({"architecture": name, "proposition": label, "fixed in advance": fixed,
+                     "page's formula": formula, "measured rank": rank,
+                     "holds": rank == fixed and formula in ("–", str(fixed))})
+    return rows
+
+
+def rank_one_step_rows(scan, inputs: np.ndarray, measure) -> list[dict]:
+    """The selective scan with rank-one W_Δ = u vᵀ where the softplus functions g_q are linearly
+    dependent — u = (1, −1, 2, −2), b = 0 and b = (.3, −.3, .6, −.6): softplus(t) − softplus(−t) = t
+    gives 2(g₁ − g₂) − (g₃ − g₄) ≡ 0 — and ω ≡ 0 (W_B = I, W_C = Sᵀ, S antisymmetric, full W_Δ):
+    the diagonal-block rank (fixed in advance: d − 1 where the g_q are dependent, 0 where ω ≡ 0)
+    and the whole interaction rank (fixed in advance: d, which the diagonal blocks cannot give)."""
+    d = scan.d
+    u = np.array([1.0, -1.0, 2.0, -2.0])
+    P = _parameters(scan)
+    S = np.random.default_rng(7).standard_normal((d, d))
+    S = S - S.T
+    silent = SelectiveSSM(P["A_log"], P["W_delta"], P["dt_bias"], np.eye(d), S.T)
+    cases = [("rank-one W_Δ, u = (1, −1, 2, −2), b = 0", rank_one_step(scan, u, np.zeros(d)), d - 1),
+             ("rank-one W_Δ, u = (1, −1, 2, −2), b = (.3, −.3, .6, −.6)",
+              rank_one_step(scan, u, np.array([0.3, -0.3, 0.6, -0.6])), d - 1),
+             ("full W_Δ, ω ≡ 0 (W_Cᵀ W_B antisymmetric)", silent, 0)]
+    rows = []
+    for name, model, diagonal in cases:
+        blocks, rank = diagonal_block_rank(model, inputs), int(measure(model, inputs))
+        rows.append({"instance": name, "diagonal blocks, fixed": diagonal, "diagonal blocks": blocks,
+                     "rank, fixed": d, "interaction rank": rank,
+                     "proposition": "prop-selective-ssm", "holds": blocks == diagonal and rank == d})
+    return rows
+
+
+def threshold_rows(scales, measure, seed: int = 0, N: int = 9, width: int = 3, n: int = 12) -> list[dict]:
+    """Where the 1e-10 rule undercounts: A = c·S (S the N×N down-shift), random B (N × width),
+    C (width × N). The lags c^ℓ C S^ℓ B have exact span dimension k = rank of the unscaled C S^ℓ B
+    (numpy, well conditioned), independent of c > 0; lib's measured rank (`measure(model, X)`)
+    and `resolvent_rank` both drop once c^ℓ falls below about 1e-10 of the leading lag."""
+    rng = np.random.default_rng(seed)
+    B, C = rng.standard_normal((N, width)), rng.standard_normal((width, N))
+    X = rng.standard_normal((2, n, width))
+    S = np.eye(N, k=-1)
+    exact = int(np.linalg.matrix_rank(np.stack([(C @ np.linalg.matrix_power(S, l) @ B).ravel()
+                                                for l in range(n)])))
+    return [{"c": float(c), "exact k": exact, "measured rank": int(measure(LinearSSM(c * S, B, C), X)),
+             "k (resolvents)": resolvent_rank(c * S, B, C)} for c in scales]

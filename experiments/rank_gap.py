@@ -155,3 +155,96 @@ def two_sided_gap(found: np.ndarray, least: np.ndarray) -> tuple[float, float]:
     bound that is too small."""
     ratio = np.asarray(found, float) / np.asarray(least, float)[:, None]
     return float(np.clip(1 - ratio, 0, None).max()), float(np.clip(ratio - 1, 0, None).max())
+
+
+# -- what keeps a softmax head above σ₂(G)²: position-only scores, and the simplex -----------------
+
+
+def position_only_softmax(ssm, n: int, restarts: int = 3, iterations: int = 300,
+                          seed: int = 0) -> tuple[float, np.ndarray, np.ndarray]:
+    """The best causal softmax head whose scores depend on position only (W_Q = W_K = 0, scores
+    b[i − j]): weights w_ij = softmax_{j<=i} b[i − j], operator w_ij V. For tokens with
+    E[x_j x_j'ᵀ] = δ_jj' I its expected squared error is Σ_i Σ_{j<=i} ‖L_{i−j} − w_ij V‖²_F; for fixed b
+    the best V is Σ w_ij L_{i−j} / Σ w_ij², which leaves ‖G‖²_F − ‖Σ w_ij L_{i−j}‖²_F / Σ w_ij².
+    L-BFGS over b (at most `iterations` steps) from `restarts` random starts N(0, I). Returns
+    (error, b (n,), V (p, d)), the best found: an upper bound on the optimum."""
+    L = torch.as_tensor(ssm.lags(n).numpy(force=True))
+    lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    causal, index = lag >= 0, lag.clamp(min=0)
+    total = float((L**2).sum(dim=(1, 2)) @ torch.arange(n, 0, -1, dtype=L.dtype))
+
+    blocks = torch.where(causal[..., None, None], L[index], 0.0).reshape(n, n, -1)
+
+    def parts(b):
+        w = torch.softmax(b[index].masked_fill(~causal, -torch.inf), dim=-1)
+        return torch.einsum("ij,ijk->k", w, blocks).reshape(L.shape[1:]), (w**2).sum()
+
+    best = (np.inf, None)
+    generator = torch.Generator().manual_seed(seed)
+    for start in range(restarts):
+        b = torch.randn(n, dtype=L.dtype, generator=generator).requires_grad_()
+        opt = torch.optim.LBFGS([b], max_iter=iterations, line_search_fn="strong_wolfe",
+                                tolerance_grad=1e-10, tolerance_change=1e-13)
+
+        def loss(opt=opt, b=b):
+            opt.zero_grad()
+            mixed, s = parts(b)
+            value = total - (mixed**2).sum() / s
+            value.backward()
+            return value
+
+        opt.step(loss)
+        with torch.no_grad():
+            mixed, s = parts(b)
+            error = float(total - (mixed**2).sum() / s)
+        if error < best[0]:
+            best = (error, (b.detach().numpy().copy(), (mixed / s).numpy()))
+    error, (b, V) = best
+    return error, b, V
+
+
+def position_only_error(ssm, n: int, b: np.ndarray, V: np.ndarray) -> float:
+    """Σ_i Σ_{j<=i} ‖L_{i−j} − w_ij V‖²_F for w_ij = softmax_{j<=i} b[i − j], by loops in numpy."""
+    L = ssm.lags(n).numpy(force=True)
+    error = 0.0
+    for i in range(n):
+        w = np.exp(b[i::-1] - b[: i + 1].max())
+        w /= w.sum()
+        error += sum(((L[i - j] - w[j] * V) ** 2).sum() for j in range(i + 1))
+    return float(error)
+
+
+def simplex_oracle(ssm, X: np.ndarray, V: np.ndarray, stiffness: float = 1e4) -> tuple[np.ndarray, float]:
+    """A single head whose coefficients are confined to the simplex (α_ij >= 0, Σ_{j<=i} α_ij = 1)
+    but chosen for each input and position: nnls on [V x_1 … V x_i; stiffness·1ᵀ] against
+    (y_i; stiffness), then α rescaled to sum exactly to one (a feasible head, so its error bounds
+    the simplex optimum from above). X (b, n, d); returns (squared error summed over positions,
+    per input (b,); the largest |Σ α − 1| before rescaling)."""
+    from scipy.optimize import nnls
+
+    Y = _outputs(ssm, X)
+    errors, worst = np.zeros(len(X)), 0.0
+    for k, (x, y) in enumerate(zip(X, Y)):
+        VX = x @ V.T
+        for i in range(len(x)):
+            M = np.vstack([VX[: i + 1].T, stiffness * np.ones((1, i + 1))])
+            alpha, _ = nnls(M, np.append(y[i], stiffness))
+            worst = max(worst, abs(alpha.sum() - 1))
+            alpha = alpha / alpha.sum()
+            errors[k] += ((y[i] - alpha @ VX[: i + 1]) ** 2).sum()
+    return errors, worst
+
+
+def biased_softmax_head(X: np.ndarray, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O) -> tuple[np.ndarray, np.ndarray]:
+    """One causal softmax head with biases on queries, keys, values and output, by loops in numpy:
+    y_i = W_O Σ_{j<=i} α_ij (W_V x_j + b_V) + b_O, α_ij = softmax_{j<=i} (q_i·k_j)/√d_k with
+    q_i = W_Q x_i + b_Q, k_j = W_K x_j + b_K. X (n, d); returns (Y (n, p), α (n, n))."""
+    n = len(X)
+    Q, K, values = X @ W_Q.T + b_Q, X @ W_K.T + b_K, X @ W_V.T + b_V
+    alpha, Y = np.zeros((n, n)), np.zeros((n, W_O.shape[0]))
+    for i in range(n):
+        scores = K[: i + 1] @ Q[i] / np.sqrt(W_Q.shape[0])
+        weights = np.exp(scores - scores.max())
+        alpha[i, : i + 1] = weights / weights.sum()
+        Y[i] = W_O @ (alpha[i, : i + 1] @ values[: i + 1]) + b_O
+    return Y, alpha

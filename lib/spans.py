@@ -42,7 +42,8 @@ def span_of_rows(rows: np.ndarray, p: int, d: int, rtol: float) -> OperatorSpan:
 
 
 def operator_span(ops: Any, rtol: float = 1e-10) -> OperatorSpan:
-    """span{M_1..M_m} of operators `ops` (m, p, d), numpy or torch; 0 < rtol < 1."""
+    """span{M_1..M_m} of operators `ops` (m, p, d), numpy or torch; 0 < rtol < 1. Not scale-free: it
+    undercounts once the independent part falls below ~rtol of the largest (fast-decaying lags)."""
     rtol = check_rtol(rtol)
     ops = as_tensor(ops, "ops", torch.float64).detach()
     if ops.ndim != 3 or min(ops.shape) < 1:
@@ -77,7 +78,8 @@ def interaction_span(model: Any, inputs: Any, rtol: float = 1e-10) -> OperatorSp
     """span{𝒲_ij(X) : i, j, X in inputs} of a SequenceMap (j <= i only if causal).
 
     inputs: (n, d), (b, n, d), or an iterable of (n, d) sequences (lengths may differ). The
-    blocks are compressed input by input by QR (which keeps the singular values).
+    blocks are compressed input by input by QR (which keeps the singular values). Each block counts
+    once (an LTI lag ℓ n − ℓ times); the rank rule is `operator_span`'s.
     """
     rtol = check_rtol(rtol)
     check_model(model)

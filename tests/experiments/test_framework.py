@@ -330,3 +330,52 @@ def test_lti_feedthrough_rank_is_at_most_n_plus_one(N, d, p, n):
 def test_residual_head_example_represents_an_ssm_with_k_two():
     k, gap = fw.residual_head_example(0.8, 10)
     assert k == 2 and gap < 1e-14
+
+
+# -- Issue 20, referee F1: a sharper LTI bound, ranks below the maximum, a rank-one W_Δ, the rule ---
+
+
+def test_prop_lti_ssm_sharper_bound_min_m_a_n_rank_c_rank_b():
+    # m_A by hand: a Jordan block of size 4 has m_A = 4, ±0.5 doubled m_A = 2, A = 0 has m_A = 1.
+    P = np.random.default_rng(0).standard_normal((4, 4))
+    doubled = P @ np.diag([0.5, 0.5, -0.5, -0.5]) @ np.linalg.inv(P)
+    assert fw.minimal_polynomial_degree(0.7 * np.eye(4) + np.eye(4, k=1)) == 4
+    assert fw.minimal_polynomial_degree(doubled) == 2
+    assert fw.minimal_polynomial_degree(np.zeros((3, 3))) == 1
+    bounds = {r["system"]: r["min(m_A, n, rk C·rk B)"] for r in lti_rank_rows()}
+    assert bounds["rank-one B and C"] == 1 and bounds["double eigenvalues ±0.5 (m_A = 2)"] == 2
+    assert all(r["holds"] for r in lti_rank_rows())
+    # a k above the bound is a miss: lib's rank of a perturbed system against the same bound
+    def perturbed(model, X):
+        return interaction_rank(LinearSSM(model.A.detach() + 1e-3, model.B.detach(), model.C.detach()), X)
+    assert sum(not r["holds"] for r in lti_rank_rows(perturbed)) >= 1
+
+
+def test_prop_ffn_conv_selective_ssd_ranks_below_the_maximum_at_values_fixed_in_advance(inputs):
+    instances = fw.below_maximum(ZOO)
+    assert [fixed for *_, fixed in instances] == [8, 2, 3, 1]
+    rows = fw.below_maximum_rows(instances, inputs, interaction_rank)
+    assert all(r["holds"] for r in rows), rows
+    # the maximum would miss every one of them: a rank that always reports the structural bound
+    maximum = {"prop-ffn": 16, "prop-conv": 3, "prop-selective-ssm": 4, "prop-ssd": 2}
+    wrong = fw.below_maximum_rows(instances, inputs, lambda model, X: maximum[
+        next(label for _, label, m, _ in instances if m is model)])
+    assert not any(r["holds"] for r in wrong)
+
+
+def test_prop_selective_ssm_conditions_are_sufficient_not_necessary(inputs):
+    [(_, _, selective)] = [a for a in ZOO if a[1] == "prop-selective-ssm"]
+    rows = fw.rank_one_step_rows(selective, inputs, interaction_rank)
+    assert [r["diagonal blocks"] for r in rows] == [3, 3, 0]
+    assert [r["interaction rank"] for r in rows] == [4, 4, 4]
+    assert all(r["holds"] for r in rows)
+    # the softplus identity behind the dependent g_q
+    t = np.linspace(-5, 5, 11)
+    assert np.allclose(np.logaddexp(0, t) - np.logaddexp(0, -t), t, atol=1e-12)
+
+
+def test_the_1e_10_rule_undercounts_a_fast_decaying_shift():
+    rows = fw.threshold_rows([0.1, 0.01], interaction_rank)
+    assert [r["exact k"] for r in rows] == [9, 9]
+    assert rows[0]["measured rank"] == rows[0]["k (resolvents)"] == 9
+    assert rows[1]["measured rank"] < 9 and rows[1]["k (resolvents)"] < 9
