@@ -138,6 +138,12 @@ def print_html(book: Book, page: str, starts: dict[str, int] | None = None) -> s
     return page.replace("</body>", f'<div style="display:none">{links}</div></body>', 1)
 
 
+def bookmark_title(title: str) -> str:
+    """A heading's bookmark text: Chromium names some headings twice over ("AbcAbc" -> "Abc")."""
+    half = len(title) // 2
+    return title[:half] if half and title == title[:half] * 2 else title
+
+
 def nest_outline(pdf: Path, book: Book, starts: dict[str, int]) -> None:
     """Bookmarks in ``_toc.yml``'s shape: parts, their chapters, the chapters' sections, each
     document's own section headings (from Chromium's bookmarks of the headings)."""
@@ -177,7 +183,7 @@ def nest_outline(pdf: Path, book: Book, starts: dict[str, int]) -> None:
             depth, stop = flat[heads[name]][0], next(e for e in ends if e > heads[name])
             for d, title, page in flat[heads[name] + 1:stop]:
                 if d == depth + 1:
-                    writer.add_outline_item(title, page, item)
+                    writer.add_outline_item(bookmark_title(title), page, item)
     with open(pdf, "wb") as handle:
         writer.write(handle)
 

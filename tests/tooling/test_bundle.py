@@ -13,7 +13,7 @@ from pypdf import PdfWriter
 from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
 from bookbuild.bundle import (NAME, BundleError, PdfReport, analyse_pdf, archive_path, build_bundle,
-                              inspect_bundle, print_problems)
+                              bookmark_title, inspect_bundle, print_problems)
 from bookbuild.site import STAMP, stage, tree_hash
 
 from .conftest import INTRO, NOTEBOOK, copy_book, needs_chromium, quiet
@@ -147,3 +147,8 @@ def test_print_problems_name_what_a_printed_book_lacks(fixture_book):
         "http://127.0.0.1:8000/chapters/demo/demo.html",
         "book.pdf page 3: widget text 'Show code cell'"]
     assert "no contents list" in print_problems(book, dataclasses.replace(good, starts={"intro": 3}))[0]
+
+
+def test_bookmark_title_drops_a_heading_named_twice_over():
+    assert bookmark_title("Structured dynamicsStructured dynamics") == "Structured dynamics"
+    assert bookmark_title("abab ab") == "abab ab" and bookmark_title("") == ""
