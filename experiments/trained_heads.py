@@ -352,6 +352,14 @@ def without_skip(layer: DiagonalSSM | SharedStateSSM) -> DiagonalSSM | SharedSta
     return bare
 
 
+def with_skip(layer: DiagonalSSM | SharedStateSSM, D: Any) -> DiagonalSSM | SharedStateSSM:
+    """A copy of a layer with its skip replaced by D (d,): another layer's D on this kernel (a swap)."""
+    twin = copy.deepcopy(layer)
+    with torch.no_grad():
+        twin.D.copy_(torch.as_tensor(np.asarray(D, dtype=np.float64)).to(twin.D.dtype))
+    return twin
+
+
 def skip_share(layer: DiagonalSSM | SharedStateSSM, n: int, covariance: Any = None) -> float:
     """The skip's share of the weighted lag energy: s / (s + ‖G_Σ‖²_F of the kernel alone), with
     s = n tr(diag(D) Σ diag(D)) the skip's and ‖G_Σ‖²_F = Σ_ℓ (n − ℓ) tr(K_ℓ Σ K_ℓᵀ) the lags'
@@ -462,7 +470,13 @@ def truncations(layer: Any, n: int, heads: Sequence[int], moments: tuple[Any, An
     mean, covariance = moments
     mean = np.asarray(mean, dtype=np.float64) if centre else np.zeros(layer.d)
     path = mean_path(layer, n, mean)
-    return {H: CentredHeads(truncated_heads(layer, n, H, covariance=covariance), mean, path) for H in heads}
+    full = truncated_heads(layer, n, max(heads), covariance=covariance)  # the others are its first H
+    return {H: CentredHeads(_first_heads(full, H), mean, path) for H in heads}
+
+
+def _first_heads(heads: RelativeHeads, H: int) -> RelativeHeads:
+    # The first H heads of a truncation: the truncation to H (the same top singular vectors).
+    return RelativeHeads(heads.V.detach()[:H], heads.coefficients.detach()[:H], dtype=heads.dtype)
 
 
 def _outputs(layer: Any, X: np.ndarray) -> np.ndarray:
@@ -473,6 +487,45 @@ def _outputs(layer: Any, X: np.ndarray) -> np.ndarray:
 def _applied(model: CentredHeads, X: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return model(torch.from_numpy(X).to(model.dtype)).double().numpy()
+
+
+def raw_moments(moments: tuple[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(0, Σ + x̄x̄ᵀ) for moments (x̄, Σ): the raw second moment as a covariance with mean 0.
+
+    The truncation under these moments (`truncations`, `truncation_sweep`) has no centring and
+    no bias: H heads with relative-position coefficients on the raw tokens, a factorized H-head
+    model, built by part 2 of {prf:ref}`prop-covariance-head-count` as if the tokens were
+    uncorrelated with second moment E[x xᵀ]. Its error is part 1's, mean term included; it is
+    one bias-free H-head model, not the best one."""
+    mean, covariance = (np.asarray(a, dtype=np.float64) for a in moments)
+    return np.zeros_like(mean), covariance + np.outer(mean, mean)
+
+
+def measured_head_counts(layer: Any, n: int, epsilons: Sequence[float], moments: tuple[Any, Any],
+                         inputs: Any) -> dict:
+    """H_ε on the measured error: the least H whose truncation (centred, with the mean path, as in
+    `truncation_errors`) has Σ‖y − ŷ‖² <= ε Σ‖y − ȳ‖² on inputs (b, n, d), for each ε ("H ε=…").
+
+    The heads of H < H' are the first H of H' (the top singular vectors of G_Σ), so one
+    truncation is built and cut. H runs up from 0 until the smallest ε is met; an ε never met
+    (the truncation at rank G_Σ still above it) gives None.
+    """
+    mean, covariance = moments
+    X = np.asarray(inputs, dtype=np.float64)
+    full = truncated_heads(layer, n, n * layer.d, covariance=covariance)
+    path = mean_path(layer, n, mean)
+    Y = _outputs(layer, X)
+    energy = float(((Y - path) ** 2).sum())
+    found: dict = {f"H ε={e:g}": None for e in epsilons}
+    for H in range(full.H + 1):
+        model = CentredHeads(_first_heads(full, H), mean, path)
+        error = float(((Y - _applied(model, X)) ** 2).sum()) / energy
+        for e in epsilons:
+            if found[f"H ε={e:g}"] is None and error <= e:
+                found[f"H ε={e:g}"] = H
+        if error <= min(epsilons):
+            break
+    return found
 
 
 def truncation_errors(layer: Any, n: int, heads: Sequence[int], moments: tuple[Any, Any],

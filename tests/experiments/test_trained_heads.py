@@ -22,7 +22,7 @@ from experiments.trained_heads import (COUNT_CHANGE, DigitSequences, _extended_k
                                        truncation_sweep, truncations, validation_split, wilson_interval,
                                        with_copied_channel, without_skip)
 from experiments.trained_heads import (covariance_rank, covariance_singular_values, exact_rank_network, hippo_n_modes,
-                                       skip_share, with_hippo_n)
+                                       measured_head_counts, raw_moments, skip_share, with_hippo_n, with_skip)
 from lib import (DiagonalSSM, SharedStateSSM, heads_needed, min_heads, optimal_head_errors, population_error,
                  relative_error, truncated_heads)
 
@@ -575,3 +575,56 @@ def test_covariance_rank_of_the_block_inputs_is_two_then_d_minus_one():
     w, V = np.linalg.eigh(first[1])
     basis = V[:, w > 1e-10 * w.max()]
     assert np.abs(unseen - unseen @ basis @ basis.T).max() < 1e-10
+
+
+# -- the bias-free truncation, measured counts and the skip swap (referee F2) ---------------------------
+
+
+def test_raw_moments_truncation_is_bias_free_and_errs_by_part_1(random_shared):
+    # (0, Σ + x̄x̄ᵀ): the truncation has no centring and no bias (a factorized H-head model, relative-position
+    # coefficients), and its error on raw tokens with mean x̄ is part 1 of the proposition with its mean term
+    # (Monte Carlo, 4 standard errors). It is not the centred model's error: the bias is worth something here.
+    layer, n = random_shared(3, 2, seed=4), 8
+    moments, S = moments_of(3, 3, 5)
+    zero, second = raw_moments(moments)
+    np.testing.assert_array_equal(zero, 0.0)
+    np.testing.assert_allclose(second, moments[1] + np.outer(moments[0], moments[0]), rtol=1e-15)
+    X = moments[0] + np.random.default_rng(3).standard_normal((20_000, n, 3)) @ S.T
+    centred = optimal_head_errors(layer, n, 2, covariance=moments[1])
+    for H, model in truncations(layer, n, [1, 2], (zero, second)).items():
+        assert model.mean.abs().max() == 0 and model.mean_path.abs().max() == 0
+        exact = population_error(layer, model.heads, n, covariance=moments[1], mean=moments[0])
+        e = truncation_error_samples(layer, n, [H], (zero, second), X)[0]
+        assert abs(e.mean() - exact) < 4 * e.std(ddof=1) / np.sqrt(len(e))
+        assert exact > 1.5 * centred[H]
+
+
+def test_truncations_cut_from_one_truncation_are_the_truncations_to_H(random_shared):
+    layer, n = random_shared(3, 3, seed=2), 9
+    moments, _ = moments_of(3, 3, 6)
+    for H, model in truncations(layer, n, [0, 1, 3, 5, 40], moments).items():
+        alone = truncated_heads(layer, n, H, covariance=moments[1])
+        assert model.heads.H == alone.H
+        assert relative_error(model.heads.lags(n), alone.lags(n)) < 1e-12 or alone.H == 0
+
+
+def test_measured_head_counts_are_the_least_H_of_the_measured_errors(random_shared):
+    # Independent route: the "measured" column of truncation_errors over every H, its least H below each ε.
+    layer, n = random_shared(3, 3, seed=5), 10
+    moments, S = moments_of(3, 3, 8)
+    X = moments[0] + np.random.default_rng(4).standard_normal((300, n, 3)) @ S.T
+    epsilons = [0.1, 0.01, 1e-3]
+    errors = [1.0] + [r["measured"] for r in truncation_errors(layer, n, list(range(1, 8)), moments, X)]
+    by_hand = {f"H ε={e:g}": next(H for H, v in enumerate(errors) if v <= e) for e in epsilons}
+    assert measured_head_counts(layer, n, epsilons, moments, X) == by_hand
+    assert len(set(by_hand.values())) == 3                      # the three ε tell the counts apart
+
+
+def test_with_skip_swaps_only_the_skip(random_diagonal, random_shared):
+    for layer, other in ((random_diagonal(4, 2, seed=1), random_diagonal(4, 2, seed=2)),
+                         (random_shared(3, 2, seed=1), random_shared(3, 2, seed=2))):
+        twin = with_skip(layer, other.D)
+        L, T = lags_np(layer, 6), lags_np(twin, 6)
+        assert np.array_equal(L[1:], T[1:])
+        np.testing.assert_allclose(T[0] - L[0], np.diag((other.D - layer.D).detach().numpy()), atol=1e-14)
+        assert not np.array_equal(layer.D.detach().numpy(), twin.D.detach().numpy())
