@@ -1119,3 +1119,13 @@ def test_prop_softmax_obstruction_residual_block_rows_sum_to_i_plus_values():
     assert row_sum_deviation(layer, X, values) < 1e-13
     assert row_sum_deviation(block, X, values + np.eye(3)) < 1e-13
     assert row_sum_deviation(block, X, values) > 0.1  # the identity path is there
+
+
+def test_heads_needed_width_raises_the_slow_count_and_barely_the_fast_one():
+    # heads-needed.ipynb "Width": at a slow radius the count at ε = 1e-2 does not fall as p = d grows
+    # (and stays under min(N, pd)); at a fast radius it moves by less than half as much.
+    counts = {r: np.array([heads_needed(s4d_ssm(32, d, r, init="lin", seed=0), 256, 1e-2) for d in (4, 8, 16)])
+              for r in (0.9, 0.99)}
+    slow, fast = counts[0.99], counts[0.9]
+    assert (slow <= np.minimum(32, np.array([4, 8, 16]) ** 2)).all()
+    assert (np.diff(slow) >= 0).all() and slow[-1] - slow[0] > 2 * (fast[-1] - fast[0])
