@@ -280,7 +280,7 @@ def predicted_rank(model, inputs: np.ndarray) -> tuple[str, int, str]:
     if isinstance(model, SSD):
         ok = (ref.quadratic_form_nonzero(P["W_B"], P["W_C"]) and np.linalg.matrix_rank(P["W_delta"]) == H
               and all(np.any(V != 0) for V in ref.ssd_values(P["W_O"], H)))
-        return ("=" if ok and len(tokens) >= H else "≤"), H, "H (rank W_Δ = H, W_O P_h ≠ 0, ω ≢ 0)"
+        return ("=" if ok and len(tokens) >= H else "≤"), H, "H (rank W_Δ = H, W_O Π_h ≠ 0, ω ≢ 0)"
     values = ref.attention_values(P["W_V"], P["W_O"])
     if isinstance(model, SoftmaxAttention):
         if n == 1:

@@ -123,9 +123,9 @@ def token_dependent_single_head(ssm, X: np.ndarray, V: np.ndarray, *,
 
 
 def span_distances(Y: np.ndarray, X: np.ndarray, V: np.ndarray | None = None, rtol: float = 1e-10) -> np.ndarray:
-    """dist(y_i, V S_i)², S_i = span{x_1..x_i}: the least squared error of a causal single head at i.
+    """dist(y_i, V 𝒰_i)², 𝒰_i = span{x_1..x_i}: the least squared error of a causal single head at i.
 
-    {prf:ref}`prop-single-head-generic-inputs` (1): Σ_{j<=i} α_ij V x_j ranges over V S_i. By
+    {prf:ref}`prop-single-head-generic-inputs` (1): Σ_{j<=i} α_ij V x_j ranges over V 𝒰_i. By
     Gram–Schmidt (twice) on V x_1, V x_2, … in turn, no least squares; V x_i joins the basis only
     when its residual exceeds rtol ‖V x_i‖. Y (b, n, p), X (b, n, d), V (p, d) (None: the
     identity); returns (b, n).
