@@ -6,9 +6,11 @@ radius (`scaled_ssm`); rotation blocks carry a rank-N span with no attenuation a
 (`resonant_input`); and a stable normal A can carry a gradient of relative size ε only as far as
 ln(1/ε)/(1 − ρ) allows (`margin_needed`); for every A, distance is bought with the margin, the
 departure from normality or the state size (`schur_power_bounds`), and the shifts of part 5 carry a
-gradient over N − 1 steps with small outputs (`shift_ssm`, `cyclic_ssm`, `distance_reading`). The
-torch-init tanh RNN's diagonal-scaling search (`best_diagonal_scaling`) serves
-{prf:ref}`prop-rnn-gradient` part 1. Models are lib's; arrays are float64 numpy.
+gradient over N − 1 steps with small outputs (`shift_ssm`, `cyclic_ssm`, `distance_reading`), the
+near-defective shift also in a normal realisation of the same lags (`normal_realisation`). The
+torch-init tanh RNN's diagonal-scaling search (`best_diagonal_scaling`, an upper bound) and a greedy
+lower bound on its joint spectral radius (`greedy_switching_radius`) serve {prf:ref}`prop-rnn-gradient`
+part 1. Models are lib's; arrays are float64 numpy.
 """
 
 from __future__ import annotations
