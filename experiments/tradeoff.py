@@ -6,9 +6,11 @@ radius (`scaled_ssm`); rotation blocks carry a rank-N span with no attenuation a
 (`resonant_input`); and a stable normal A can carry a gradient of relative size ε only as far as
 ln(1/ε)/(1 − ρ) allows (`margin_needed`); for every A, distance is bought with the margin, the
 departure from normality or the state size (`schur_power_bounds`), and the shifts of part 5 carry a
-gradient over N − 1 steps with small outputs (`shift_ssm`, `cyclic_ssm`, `distance_reading`). The
-torch-init tanh RNN's diagonal-scaling search (`best_diagonal_scaling`) serves
-{prf:ref}`prop-rnn-gradient` part 1. Models are lib's; arrays are float64 numpy.
+gradient over N − 1 steps with small outputs (`shift_ssm`, `cyclic_ssm`, `distance_reading`), the
+near-defective shift also in a normal realisation of the same lags (`normal_realisation`). The
+torch-init tanh RNN's diagonal-scaling search (`best_diagonal_scaling`, an upper bound) and a greedy
+lower bound on its joint spectral radius (`greedy_switching_radius`) serve {prf:ref}`prop-rnn-gradient`
+part 1. Models are lib's; arrays are float64 numpy.
 """
 
 from __future__ import annotations
@@ -66,11 +68,12 @@ def margin_needed(eps: float, D: int, condition: float = 1.0) -> float:
     return math.log(condition / eps) / D
 
 
-def reach(profile: Any, eps: float = 1e-3) -> int:
-    """The largest D >= 1 with g(D) >= eps · g(1) for a profile g indexed by D (0 if g(1) = 0): the
-    reach page's definition (`experiments.gradient_highway.read_profile`)."""
+def reach(profile: Any, eps: float = 1e-3) -> float:
+    """The largest D >= 1 with g(D) >= eps · g(1) for a profile g indexed by D: the reach page's definition
+    (`experiments.gradient_highway.read_profile`). Undefined (nan) if g(1) = 0 — a shift register or the
+    cyclic SSM of part 5(b), whose gradient at N − 1 may equal the one at 0, has no reach by this measure."""
     g = _array(profile)
-    return 0 if g[1] == 0 else int(np.flatnonzero(g[1:] >= eps * g[1]).max()) + 1
+    return float("nan") if g[1] == 0 else int(np.flatnonzero(g[1:] >= eps * g[1]).max()) + 1
 
 
 def margin_reading(ssm: LinearSSM, profile: Any, eps: float) -> dict[str, float]:
@@ -149,6 +152,14 @@ def cyclic_ssm(N: int, r: float) -> LinearSSM:
     return LinearSSM(A, B, C)
 
 
+def normal_realisation(ssm: LinearSSM, r: float) -> LinearSSM:
+    """(Δ⁻¹AΔ, Δ⁻¹B, CΔ) with Δ = diag(r^{−(q−1)})_q: for `shift_ssm(N, r)` (r > 0) the normal realisation
+    (rZ, e_1, CΔ) of the same lags ({prf:ref}`prop-rank-attenuation-independent` 5(a)); ‖CΔ‖₂ = (1 + r^{−2(N−1)})^{1/2}."""
+    A, B, C = _array(ssm.A), _array(ssm.B), _array(ssm.C)
+    scale = r ** -np.arange(len(A), dtype=float)
+    return LinearSSM(A * scale[None, :] / scale[:, None], B / scale[:, None], C * scale[None, :])
+
+
 def worst_bounded_input(lags: Any) -> np.ndarray:
     """x_t = sign L_{n−1−t}, shape (n, 1), for scalar lags L_0..L_{n−1}: |x_t| <= 1 and
     y_{n−1} = Σ_ℓ |L_ℓ|, the largest output any input with |x_t| <= 1 gives at position n − 1."""
@@ -188,7 +199,8 @@ def best_diagonal_scaling(W: Any, iterations: int) -> tuple[float, np.ndarray]:
 
 def distance_reading(ssm: LinearSSM, profile: Any) -> dict[str, float]:
     """Part 3 and 5 of {prf:ref}`prop-rank-attenuation-independent` for a scalar SSM (d = p = 1) and its
-    profile g(D) = |L_D|, D = 0..n−1: N, ρ, κ₂(P) (`eigenvector_condition`; nan if ρ = 0), g(0), g(N−1),
+    profile g(D) = |L_D|, D = 0..n−1: N, ρ, κ₂(P) (`eigenvector_condition`; nan if ρ = 0), the scale
+‖C‖₂‖B‖_F of part 3, g(0), g(N−1),
     "Schur ratio" max_D g(D)/(‖C‖₂‖B‖_F `schur_power_bounds`) (<= 1 by 3(b); 0/0 read as 0),
     "gain" Σ_{D<n} g(D) (the largest |y_{n−1}| on inputs with |x_t| <= 1) and "1/(1−ρ)", part 4's
     ceiling for a normal A with ‖C‖₂ = ‖B‖₂ = 1."""
@@ -200,7 +212,7 @@ def distance_reading(ssm: LinearSSM, profile: Any) -> dict[str, float]:
     if (g[bounds == 0] > 0).any():
         ratio = np.append(ratio, np.inf)
     return {"N": N, "ρ": rho, "κ₂(P)": eigenvector_condition(A) if rho > 0 else float("nan"),
-            "g(0)": float(g[0]), "g(N−1)": float(g[N - 1]), "Schur ratio": float(ratio.max()),
+            "‖C‖₂‖B‖_F": scale, "g(0)": float(g[0]), "g(N−1)": float(g[N - 1]), "Schur ratio": float(ratio.max()),
             "gain": float(g.sum()), "1/(1−ρ)": 1 / (1 - rho)}
 
 
@@ -209,3 +221,28 @@ def torch_init_recurrence(N: int, seed: Any) -> np.ndarray:
     from experiments.gradient_highway import torch_default_rnn
 
     return _array(torch_default_rnn(N, 1, 1, seed=seed).W)
+
+
+def greedy_switching_radius(W: Any, sweeps: int = 3) -> float:
+    """max ρ(Π_Q W) found by flipping one coordinate of Q at a time (from Q = all, up to `sweeps` passes,
+    keeping a flip that raises ρ): a lower bound on the joint spectral radius of {Π_Q W}, which
+    {prf:ref}`prop-rnn-gradient` part 1 needs below 1 (Π_Q the projection on the coordinates Q)."""
+    W = _array(W)
+    q = np.ones(len(W), dtype=bool)
+
+    def radius() -> float:
+        return float(np.abs(np.linalg.eigvals(W * q[:, None])).max())
+
+    best = radius()
+    for _ in range(sweeps):
+        improved = False
+        for i in range(len(W)):
+            q[i] = not q[i]
+            value = radius()
+            if value > best:
+                best, improved = value, True
+            else:
+                q[i] = not q[i]
+        if not improved:
+            break
+    return best

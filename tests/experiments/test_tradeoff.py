@@ -290,3 +290,83 @@ def test_best_diagonal_scaling_finds_a_hidden_certificate_and_none_at_torch_init
     W = torch_init_recurrence(64, seed=0)  # the referee's case: ‖W‖₂ > 1, no certificate found
     found, _ = best_diagonal_scaling(W, 50)
     assert 1 < found < np.linalg.norm(W, 2)
+
+
+# -- the fresh referee read F5 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N, r", [(129, 1e-12 ** (1 / 129)), (12, 0.9)])
+def test_prop_rank_attenuation_independent_normal_realisation_has_the_shifts_lags(N, r):
+    # F5 finding 1: normality (κ₂(P), ν, ‖C‖₂‖B‖_F) is the realisation's; the lags are the map's
+    from experiments.tradeoff import distance_reading, normal_realisation, shift_ssm
+
+    shift = shift_ssm(N, r)
+    normal = normal_realisation(shift, r)
+    A = normal.A.numpy(force=True)
+    np.testing.assert_allclose(A, r * (np.eye(N, k=-1) + np.eye(N, k=N - 1)), rtol=1e-12, atol=0)
+    assert np.abs(A @ A.T - A.T @ A).max() < 1e-12 and normal.spectral_radius == pytest.approx(r)
+    lags, lags_normal = _scalar_lags(shift, 3 * N), _scalar_lags(normal, 3 * N)
+    np.testing.assert_allclose(lags_normal, lags, rtol=1e-9, atol=1e-12)
+    reading = distance_reading(normal, np.abs(lags_normal))  # g(D) = |L_D| for a scalar SSM
+    assert reading["g(N−1)"] == pytest.approx(reading["g(0)"], rel=1e-9) == 1
+    assert reading["κ₂(P)"] == pytest.approx(1, rel=1e-6)
+    assert reading["‖C‖₂‖B‖_F"] == pytest.approx(math.sqrt(1 + r ** (-2 * (N - 1))), rel=1e-9)
+    if N == 129:  # the page's numbers: a normal A at ρ = 0.807 passes D = 128 unattenuated
+        assert round(r, 3) == 0.807 and f"{reading['‖C‖₂‖B‖_F']:.1e}" == "8.1e+11"
+        assert math.ceil(math.log(1e3) / -math.log(r)) == 33
+
+
+def test_prop_rank_attenuation_independent_state_size_alone_buys_nothing():
+    # F5 finding 2: a nilpotent A with a small departure from normality forgets; beyond N − 1 the margin pays
+    from experiments.tradeoff import departure_from_normality, schur_power_bounds, shift_ssm
+
+    N = 129
+    register = shift_ssm(N, 0.0)
+    small = LinearSSM(0.01 * register.A.numpy(force=True), register.B.numpy(force=True), register.C.numpy(force=True))
+    lags = np.abs(_scalar_lags(small, N))
+    assert lags[-1] / lags[0] == pytest.approx(1e-256, rel=1e-9)
+    assert departure_from_normality(small.A) == pytest.approx(0.01 * math.sqrt(N - 1), rel=1e-9)
+    assert lags[-1] <= math.sqrt(2) * schur_power_bounds(small.A, N)[-1]
+    r = 1e-12 ** (1 / N)
+    far = np.abs(_scalar_lags(shift_ssm(N, r), N + 1))
+    assert far[N] / far[0] == pytest.approx(1e-12, rel=1e-9)  # g(N)/g(0) = r^N
+
+
+def test_prop_rank_attenuation_independent_cyclic_ssm_attains_part_3a_and_the_schur_bound():
+    # F5 finding 6: a two-sided term — the cyclic SSM meets part 3(a) (κ = 1) with equality
+    from experiments.tradeoff import cyclic_ssm, distance_reading, margin_needed
+
+    N, r = 101, 0.5 ** (1 / 100)
+    ssm = cyclic_ssm(N, r)
+    reading = distance_reading(ssm, np.abs(_scalar_lags(ssm, 2 * N)))
+    eps = reading["g(N−1)"] / reading["‖C‖₂‖B‖_F"]
+    assert -math.log(reading["ρ"]) / margin_needed(eps, N - 1) == pytest.approx(1, abs=1e-10)
+    assert reading["Schur ratio"] == pytest.approx(1, abs=1e-9)
+
+
+def test_reach_is_undefined_when_g1_vanishes_and_depends_on_B_and_C():
+    # F5 finding 3: the figure's reach (against g(1)) is not set by ρ alone, and has no value if g(1) = 0
+    from experiments.tradeoff import cyclic_ssm, shift_ssm
+
+    for ssm in (shift_ssm(9, 0.0), cyclic_ssm(7, 0.9), shift_ssm(9, 0.5)):
+        g = np.abs(_scalar_lags(ssm, 3 * ssm.N))
+        assert g[1] == 0 and g[ssm.N - 1] > 0 and math.isnan(reach(g, 1e-3))
+    D = np.arange(128)
+    pairs = [(0.1, 1000), (0.5, 10), (0.89, -1), (0.899, -1), (0.8999, -1)]
+    assert [reach(np.abs(0.9**D + c * l2**D), 1e-3) for l2, c in pairs] == [21, 48, 105, 110, 111]
+
+
+def test_greedy_switching_radius_is_a_lower_bound_on_the_joint_spectral_radius():
+    # F5 finding 7: between ρ(W) and the best ρ(Π_Q W) over all Q (enumerated at N = 8)
+    from itertools import product
+
+    from experiments.tradeoff import greedy_switching_radius, torch_init_recurrence
+
+    W = torch_init_recurrence(8, seed=3)
+    best = max(
+        np.abs(np.linalg.eigvals(W * np.array(q, dtype=float)[:, None])).max()
+        for q in product((0, 1), repeat=8)
+    )
+    found = greedy_switching_radius(W)
+    assert np.abs(np.linalg.eigvals(W)).max() <= found <= best + 1e-12
+    assert 0.6 < greedy_switching_radius(torch_init_recurrence(64, seed=0)) < 1
