@@ -1824,6 +1824,9 @@ def test_train_recall_stores_the_test_predictions_it_scores():
     correct = np.equal(run.predictions, run.labels)
     assert len(run.predictions) == len(run.labels) == 64
     assert correct.mean() == run.accuracy
+    # F3 finding 2: the per-sequence losses average to the stored loss (the paired loss test uses them)
+    assert len(run.losses) == 64 and abs(np.mean(run.losses) / run.loss - 1) < 1e-6
+    assert min(run.losses) > 0
     X, y = task.sample(64, torch.Generator().manual_seed(4 + 1_000_003))
     assert tuple(y.tolist()) == run.labels  # the same seed gives the same test batch, whatever the model
     other = train_recall(recall_model("ssm", task, seed=1), task, steps=5, seed=4, test_size=64)
