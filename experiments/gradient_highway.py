@@ -628,8 +628,9 @@ def _logits(model: torch.nn.Module, X: torch.Tensor) -> torch.Tensor:
 class RecallResult:
     """One training run: test accuracy and mean cross-entropy on the test batch, the mean
     training loss over the last 10 % of steps, and the run's distance, seed, steps and kind;
-    `predictions` (argmax of the logits) and `labels` of the test batch, in its order, for
-    paired comparisons of runs on the same test batch (`experiments.trained_heads.mcnemar`)."""
+    `predictions` (argmax of the logits), `labels` and `losses` (per-sequence cross-entropy,
+    whose mean is `loss`) of the test batch, in its order, for paired comparisons of runs on
+    the same test batch (`experiments.trained_heads.mcnemar`)."""
 
     distance: int
     seed: int
@@ -640,6 +641,7 @@ class RecallResult:
     kind: str = ""
     predictions: tuple[int, ...] = field(default=(), repr=False)
     labels: tuple[int, ...] = field(default=(), repr=False)
+    losses: tuple[float, ...] = field(default=(), repr=False)
 
 
 def train_recall(model: torch.nn.Module, task: RecallTask, *, steps: int = 200, seed: int = 0, batch: int = 16,
@@ -666,7 +668,8 @@ def train_recall(model: torch.nn.Module, task: RecallTask, *, steps: int = 200, 
                         accuracy=float((logits.argmax(-1) == y_test).to(torch.float64).mean()),
                         loss=float(F.cross_entropy(logits, y_test)),
                         train_loss=float(np.mean(history[-max(1, steps // 10):])), kind=kind,
-                        predictions=tuple(logits.argmax(-1).tolist()), labels=tuple(y_test.tolist()))
+                        predictions=tuple(logits.argmax(-1).tolist()), labels=tuple(y_test.tolist()),
+                        losses=tuple(F.cross_entropy(logits, y_test, reduction="none").tolist()))
 
 
 def initial_gradient_norm(model: torch.nn.Module, task: RecallTask, *, samples: int = 256, seed: int = 0) -> float:
