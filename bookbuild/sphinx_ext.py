@@ -14,7 +14,7 @@ from sphinx import addnodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
 
-from .ledger import CLAIM_KINDS, CLAIMS_FILE, LEDGER_FILE, SOURCES, VERIFIES, assemble
+from .ledger import CLAIM_KINDS, CLAIMS_FILE, LEDGER_FILE, SOURCES, assemble
 
 VERDICT_MARK = {"reproduced": "✓ reproduced", "fails its check": "✗ fails its check",
                 "incomplete": "◌ incomplete"}
