@@ -96,9 +96,13 @@ def book_outline(book: Book) -> list[tuple[str, str]]:
     return out
 
 
+def book_title(book: Book) -> str:
+    return yaml.safe_load((book.root / "_config.yml").read_text()).get("title", "")
+
+
 def page_titles(book: Book) -> dict[str, str]:
     """docname -> its title, as the site's page shows it."""
-    suffix = f" \u2014 {yaml.safe_load((book.root / '_config.yml').read_text()).get('title', '')}"
+    suffix = f" \u2014 {book_title(book)}"
     titles = {}
     for page in book.pages:
         site = book.html / page.with_suffix(".html")
@@ -113,7 +117,7 @@ def print_html(book: Book, page: str, starts: dict[str, int] | None = None) -> s
     document (``starts``; blank before the first printing), a hidden link to each document (so
     Chromium writes its named destination), and links into the site turned into links within."""
     outline, titles, root = book_outline(book), page_titles(book), book.pages[0].with_suffix("").as_posix()
-    title = yaml.safe_load((book.root / "_config.yml").read_text()).get("title", "")
+    title = book_title(book)
     items = "".join(
         f'<li class="part">{html.escape(name)}</li>' if kind == "part" else
         f'<li class="{kind}"><a href="#document-{html.escape(name)}">{html.escape(titles.get(name, name))}'
@@ -144,21 +148,28 @@ def bookmark_title(title: str) -> str:
     return title[:half] if half and title == title[:half] * 2 else title
 
 
+def _flat_outline(reader) -> list[tuple[int, str, int]]:
+    """(depth, title, 0-based page) of every bookmark of a PDF, in order."""
+    flat = []
+
+    def walk(items, depth):
+        for item in items:
+            if isinstance(item, list):
+                walk(item, depth + 1)
+            else:
+                flat.append((depth, item.title, reader.get_destination_page_number(item)))
+
+    walk(reader.outline, 0)
+    return flat
+
+
 def nest_outline(pdf: Path, book: Book, starts: dict[str, int]) -> None:
     """Bookmarks in ``_toc.yml``'s shape: parts, their chapters, the chapters' sections, each
     document's own section headings (from Chromium's bookmarks of the headings)."""
     from pypdf import PdfReader, PdfWriter
 
-    reader, flat = PdfReader(pdf), []  # (depth, title, 0-based page) of Chromium's bookmarks
-
-    def flatten(items, depth):
-        for item in items:
-            if isinstance(item, list):
-                flatten(item, depth + 1)
-            else:
-                flat.append((depth, item.title, reader.get_destination_page_number(item)))
-
-    flatten(reader.outline, 0)
+    reader = PdfReader(pdf)
+    flat = _flat_outline(reader)  # Chromium's bookmarks of the headings
     outline, titles = book_outline(book), page_titles(book)
     heads, at = {}, 0  # docname -> index of its heading in flat
     for kind, name in outline:
@@ -243,6 +254,10 @@ def _resources(resources, fonts: set, images: set, seen: set) -> None:
             _resources(xobject.get("/Resources"), fonts, images, seen)
 
 
+def _norm(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
 def _starts(reader) -> dict[str, int]:
     """docname -> the page (1-based) of its named destination ``/document-<docname>``."""
     starts = {}
@@ -258,15 +273,10 @@ def analyse_pdf(data: bytes) -> PdfReport:
     from pypdf import PdfReader
 
     reader = PdfReader(io.BytesIO(data))
-    report = PdfReport(pages=len(reader.pages), starts=_starts(reader))
-
-    def walk(items, depth):
-        for item in items:
-            walk(item, depth + 1) if isinstance(item, list) else report.bookmarks.append((depth, item.title))
-
-    walk(reader.outline, 0)
+    report = PdfReport(pages=len(reader.pages), starts=_starts(reader),
+                       bookmarks=[(depth, title) for depth, title, _ in _flat_outline(reader)])
     for number, page in enumerate(reader.pages, 1):
-        report.texts.append(" ".join(unicodedata.normalize("NFKC", page.extract_text()).split()))
+        report.texts.append(_norm(page.extract_text()))
         report.links += [(number, str(uri)) for a in page.get("/Annots") or []
                          if (uri := (a.get_object().get("/A") or {}).get("/URI")) is not None]
         fonts, images = set(), set()
@@ -286,16 +296,12 @@ def analyse_pdf(data: bytes) -> PdfReport:
     return report
 
 
-def _norm(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).split())
-
-
 def print_problems(book: Book, pdf: PdfReport) -> list[str]:
     """What a printed book needs: a title page, a contents list giving each document its page,
     a bookmark for every part and document, a number on every page, no link to the local
     server it was printed from, no text of the site's widgets."""
     problems, outline, titles = [], book_outline(book), page_titles(book)
-    title = _norm(yaml.safe_load((book.root / "_config.yml").read_text()).get("title", ""))
+    title = _norm(book_title(book))
     if not pdf.texts or title not in pdf.texts[0]:
         problems.append(f"book.pdf: page 1 is not a title page (no {title!r} on it)")
     label = {name: name if kind == "part" else titles.get(name, name) for kind, name in outline}
@@ -346,14 +352,13 @@ def build_bundle(book: Book, echo=print) -> Path:
         echo("[bundle] printing it to PDF with headless Chromium (after MathJax has typeset)")
         single, starts = (built / book.pages[0].with_suffix(".html")).read_text(), None
         from playwright.sync_api import Error as PlaywrightError
+        from pypdf import PdfReader
 
         try:  # print until the contents list's page numbers are the pages printed
             with serve(built) as base, Browser(binary, timeout_ms=PRINT_TIMEOUT * 1000) as browser:
                 for _ in range(3):
                     (built / "print.html").write_text(print_html(book, single, starts))
                     browser.print_pdf(f"{base}/print.html", out / "book.pdf", FOOTER)
-                    from pypdf import PdfReader
-
                     printed = _starts(PdfReader(out / "book.pdf"))
                     if printed == starts:
                         break
