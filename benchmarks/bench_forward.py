@@ -15,7 +15,7 @@ loop of Mamba's reference `selective_scan_ref`). Ours, per model (`model(X, meth
   (y = model(X); torch.autograd.grad(y, [X, *parameters], w)). L = 4096 for d = 8, 64 and
   2048 for d = 256, plus L ∈ {16, 32, 64, 256, 1024} to show where "auto" switches from the
   loop to the scan. Targets, for "auto" at the longest L, forward and forward+backward:
-  ≥ 5× at d = 64, ≥ 3× at d = 256; ≥ 20× at d = 8 is the moonshot (reported, never failing).
+  ≥ 5× at d = 64, ≥ 3× at d = 256; ≥ 20× at d = 8 is the stretch goal (reported, never failing).
   Every model-level time includes the selection Δ_t, B_t, C_t (three projections of X),
   which both routes pay; the rows "... route alone" time the two routes on the
   same precomputed Δ, A, B, C, x at the longest L, without it (no target).
@@ -102,13 +102,13 @@ def _selective(d: int, longest: int, targets: tuple[float, str]) -> Case:
                 {(FORWARD, longest): targets, (BOTH, longest): targets})
 
 
-MOONSHOT = (20.0, "≥ 20× (moonshot)")
+STRETCH = (20.0, "≥ 20× (stretch goal)")
 CASES = {
     "LinearSSM": Case("LinearSSM", "LinearSSM N=16 p=d=8 rho=0.99 float64",
                       lambda: LinearSSM.random(16, 8, 8, spectral_radius=0.99, seed=0),
                       ("scan", "auto"), (16, 64, 256, 1024, 4096, 16384),
                       targets={(FORWARD, 4096): (5.0, "≥ 5×")}),
-    "SelectiveSSM d=8": _selective(8, 4096, MOONSHOT),
+    "SelectiveSSM d=8": _selective(8, 4096, STRETCH),
     "SelectiveSSM d=64": _selective(64, 4096, (5.0, "≥ 5×")),
     "SelectiveSSM d=256": _selective(256, 2048, (3.0, "≥ 3×")),
     "SSD": Case("SSD", "SSD d=p=64 H=4 N=16 float32",

@@ -302,10 +302,10 @@ def _fmt(x: float, column: str) -> str:
 
 def verdict(meets_target, target: str) -> str:
     """'MET  ' or 'SHORT' for a row's target (``meets_target`` as in the row or its CSV);
-    a target labelled "moonshot" is reported, never required: 'SHORT (moonshot)'."""
+    a target labelled "stretch goal" is reported, never required: 'SHORT (stretch goal)'."""
     if meets_target is True or meets_target == "True":
         return "MET  "
-    return "SHORT (moonshot)" if "moonshot" in target else "SHORT"
+    return "SHORT (stretch goal)" if "stretch goal" in target else "SHORT"
 
 
 def apply_targets(row: dict, targets: Iterable[Target]) -> dict:

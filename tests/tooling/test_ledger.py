@@ -101,7 +101,7 @@ def test_rendered_page_shows_the_verdict_under_each_claim(built_book, tmp_path):
     assert not any("thm-shown" in p for p in problems)
     # The checks come from the executed notebook, with the cell that made them.
     assert [(c["notebook"], c["cell"], c["ok"]) for c in entries["thm-good"]["checks"]] == [
-        ("chapters/demo/demo", 5, True)]
+        ("chapters/demo/demo", 6, True)]
     html = (built_book.html / "claims.html").read_text()
     assert html.count('class="claim-ledger') == 4
     assert "✓ reproduced" in html and "✗ fails its check" in html and "◌ incomplete" in html
