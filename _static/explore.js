@@ -56,7 +56,8 @@
       onchange();
     }
     input.addEventListener("input", update);
-    return { input: input, update: update, index: function () { return +input.value; } };
+    return { input: input, update: update, index: function () { return +input.value; },
+             text: function () { return show(values[+input.value]); } };
   }
 
   /* ---- damped rotation: lags in span{I, J} and the best one-head line ---------------------- */
@@ -168,7 +169,7 @@
       var axis = svg("text", { x: (left + W - right) / 2, y: H - 4, "class": "bx-tick", "text-anchor": "middle" }, plot);
       axis.textContent = "q (bars: \u03c3_q(G)\u00b2 / \u2016G\u2016\u00b2_F)   \u00b7   H (dots: relative squared error of H heads)";
       title.textContent = "Bars: the normalised squared singular values of the weighted lags, q = 1 to " + Q
-        + ", log scale, for rho = " + data.radius[a] + "; dots: the relative squared error of the best H heads; "
+        + ", log scale, for rho = " + rho.text() + "; dots: the relative squared error of the best H heads; "
         + "dashed line: epsilon = " + sci(epsilon, 1) + "; " + count + " heads needed.";
       plot.setAttribute("aria-label", title.textContent);
       clear(readout);
