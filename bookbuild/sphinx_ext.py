@@ -260,8 +260,18 @@ def myst_roles_to_rst(app, what, name, obj, options, lines) -> None:
     lines[:] = [_MYST_ROLE.sub(r":\1:`\2`", line) for line in lines]
 
 
+def load_explore_data_where_drawn(app, config):
+    """Jupyter Book lists every .js file under _static in html_js_files, for every page; the
+    explorers' data files (_static/explore/*.js) are left to explore.js, which loads one only on
+    a page that shows its figure."""
+    def name(entry):
+        return entry[0] if isinstance(entry, (tuple, list)) else entry
+    config.html_js_files = [f for f in config.html_js_files if not str(name(f)).startswith("explore/")]
+
+
 def setup(app):
     app.setup_extension("sphinx.ext.autodoc")
+    app.connect("config-inited", load_explore_data_where_drawn)
     app.connect("doctree-read", collect_claims)
     app.connect("doctree-read", add_run_locally_note)
     app.connect("env-purge-doc", lambda app, env, docname: getattr(env, "book_claims", {}).pop(docname, None))

@@ -729,3 +729,34 @@ def row_sum_deviation(model: SequenceMap, X: torch.Tensor, target: np.ndarray) -
     with torch.no_grad():
         sums = model.operator(X).sum(2).numpy(force=True)
     return float(np.abs(sums - target).max() / np.abs(target).max())
+
+
+# -- the heads-needed explorer (_static/explore/heads-needed.js) --------------------------------
+
+
+def heads_needed_explorer(N: int, width: int, n: int, radii: Sequence[float], exponents: Sequence[float], *,
+                          init: str = "lin", seed: Any = 0, initial: tuple[float, float] = (0.99, -2.0)) -> dict:
+    """H_ε of the S5-like system `s4d_ssm(N, width, ρ)` on length-n sequences, over radii and ε = 10^e.
+
+    Per radius: "shares" σ_q(G)²/‖G‖²_F, q = 1..min(n, pd) (the normalised squared singular values of
+    the weighted lags, {prf:ref}`thm-approx-head-count`); "tails" Σ_{q>H} σ_q(G)²/‖G‖²_F, H = 0..min(n, pd)
+    (`lib.optimal_head_errors` divided by its entry 0, the relative squared error of the best H heads);
+    "heads" H_ε for every ε, the least H with tails[H] <= ε — `lib.heads_needed`'s rule on the same
+    errors, without its SVD per ε; "window" T = nΔ. Unrounded lists.
+    """
+    from lib import s4d_ssm, s4d_step
+
+    radii, epsilons = [float(r) for r in radii], [float(10.0 ** e) for e in exponents]
+    shares, tails, heads, windows = [], [], [], []
+    for radius in radii:
+        ssm = s4d_ssm(N, width, radius, init=init, seed=seed)
+        errors = optimal_head_errors(ssm, n, min(n, ssm.p * ssm.d))
+        shares.append((-np.diff(errors) / errors[0]).tolist())
+        tails.append((errors / errors[0]).tolist())
+        heads.append([int(np.argmax(errors <= eps * errors[0])) for eps in epsilons])
+        windows.append(n * s4d_step(radius, init))
+    return {"N": int(N), "width": int(width), "n": int(n), "init": init, "seed": seed, "radius": radii,
+            "exponent": [float(e) for e in exponents], "epsilon": epsilons, "shares": shares, "tails": tails,
+            "heads": heads, "window": windows,
+            "initial": [int(np.argmin(np.abs(np.asarray(radii) - initial[0]))),
+                        int(np.argmin(np.abs(np.asarray(exponents) - initial[1])))]}

@@ -248,3 +248,44 @@ def biased_softmax_head(X: np.ndarray, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O) -
         alpha[i, : i + 1] = weights / weights.sum()
         Y[i] = W_O @ (alpha[i, : i + 1] @ values[: i + 1]) + b_O
     return Y, alpha
+
+
+# -- the damped-rotation explorer (_static/explore/damped-rotation.js) --------------------------
+
+
+def explorer_grid(low: float, high: float, points: int, keep: float) -> np.ndarray:
+    """`points` radii with 1 − ρ log-spaced from 1 − low to 1 − high, plus `keep` (the chapter's
+    value), sorted; a slider steps through them."""
+    grid = 1 - np.logspace(np.log10(1 - low), np.log10(1 - high), points)
+    return np.unique(np.round(np.append(grid, keep), 12))
+
+
+def damped_rotation_explorer(radius: float, angle: float, n: int, *, points: int = 40,
+                             angles: int = 60, low: float = 0.5, high: float = 0.999) -> dict:
+    """The best single head for the damped rotation A = ρR(θ), B = C = I on a (ρ, θ) grid.
+
+    Radii: `explorer_grid(low, high, points - 1, radius)`; angles: jπ/angles, j = 0..angles, plus
+    `angle`. Per grid point ({prf:ref}`thm-approx-head-count`, `lib.optimal_head_errors`): "error"
+    σ₂(G)², the least expected squared error of one head with input-independent coefficients;
+    "relative" σ₂(G)²/‖G‖²_F, its fraction of the output energy; "direction" φ ∈ [0, π), the best
+    value map V₁ = (cos φ I + sin φ J)/√2 of `lib.truncated_heads` (its sign is free), i.e. the best
+    line through the lags (ρ^ℓ cos ℓθ, ρ^ℓ sin ℓθ) in the coordinates of span{I, J}, each lag
+    weighted by n − ℓ. Unrounded float64 lists, indexed [radius][angle].
+    """
+    from lib import LinearSSM, optimal_head_errors, truncated_heads
+
+    radii = explorer_grid(low, high, points - 1, radius)
+    thetas = np.unique(np.round(np.append(np.linspace(0, np.pi, angles + 1), angle), 12))
+    error, relative, direction = (np.zeros((len(radii), len(thetas))) for _ in range(3))
+    for a, rho in enumerate(radii):
+        for b, theta in enumerate(thetas):
+            ssm = LinearSSM.damped_rotation(float(rho), float(theta))
+            least = optimal_head_errors(ssm, n, 1)
+            V = truncated_heads(ssm, n, 1).values()[0].detach().numpy()
+            # V = x I + y J + (a part orthogonal to span{I, J}, zero here): x, y by ⟨V, I⟩/2, ⟨V, J⟩/2
+            x, y = (V[0, 0] + V[1, 1]) / 2, (V[1, 0] - V[0, 1]) / 2
+            error[a, b], relative[a, b] = least[1], least[1] / least[0]
+            direction[a, b] = np.arctan2(y, x) % np.pi
+    return {"n": int(n), "radius": radii.tolist(), "angle": thetas.tolist(),
+            "initial": [int(np.argmin(abs(radii - radius))), int(np.argmin(abs(thetas - angle)))],
+            "error": error.tolist(), "relative": relative.tolist(), "direction": direction.tolist()}
