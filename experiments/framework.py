@@ -663,3 +663,59 @@ def threshold_rows(scales, measure, seed: int = 0, N: int = 9, width: int = 3, n
                                                 for l in range(n)])))
     return [{"c": float(c), "exact k": exact, "measured rank": int(measure(LinearSSM(c * S, B, C), X)),
              "k (resolvents)": resolvent_rank(c * S, B, C)} for c in scales]
+
+
+# -- three ranks of one softmax head, and the block pattern of two operators ---------------------
+
+
+def operator_matrix(W: np.ndarray) -> np.ndarray:
+    """The operator (n, n, p, d) as the np × nd matrix 𝒲(X) of vec(Yᵀ) = 𝒲(X) vec(Xᵀ)."""
+    n, _, p, d = W.shape
+    return W.transpose(0, 2, 1, 3).reshape(n * p, n * d)
+
+
+def head_ranks(head, X: np.ndarray, rtol: float = 1e-10) -> dict:
+    """For one softmax head on one input X (n, d): the rank of its n × n attention matrix, the
+    rank of its operator as an np × nd matrix, its interaction rank (lib's `interaction_rank`),
+    the rank of its value map, and the largest gap between the operator matrix and α ⊗ V (the
+    Kronecker form the page derives), relative to the largest entry."""
+    alpha = _lib(head.weights, X)[0]  # (n, n): one head
+    [V] = head.values().numpy(force=True)
+    W = operator_matrix(_lib(head.operator, X))
+
+    def rank(M):
+        return int(np.linalg.matrix_rank(M, tol=rtol * np.linalg.norm(M, 2)))
+
+    from lib import interaction_rank
+
+    return {
+        "n": X.shape[0], "p": V.shape[0], "d": V.shape[1],
+        "attention matrix rank": rank(alpha),
+        "operator matrix rank": rank(W),
+        "interaction rank": interaction_rank(head, X[None]),
+        "value map rank": rank(V),
+        "Kronecker gap": float(np.abs(W - np.kron(alpha, V)).max() / np.abs(W).max()),
+    }
+
+
+def block_patterns(ssm, head, X: np.ndarray) -> list[dict]:
+    """One row per block (i, j) (1-based) of an LTI SSM's and of one softmax head's operator on
+    X (n, d): the lag i − j, the head's weight α_ij, and the largest gap of each block from its
+    pattern — L_{i−j} (lib's lags) for the SSM, α_ij V for the head — relative to the largest
+    block entry."""
+    n = X.shape[0]
+    W_ssm, W_head = _lib(ssm.operator, X), _lib(head.operator, X)
+    lags = ssm.lags(n).numpy(force=True)
+    alpha = _lib(head.weights, X)[0]
+    [V] = head.values().numpy(force=True)
+    scale_ssm, scale_head = np.abs(W_ssm).max(), np.abs(W_head).max()
+    rows = []
+    for i in range(n):
+        for j in range(n):
+            lag_block = lags[i - j] if j <= i else 0.0 * lags[0]
+            rows.append({
+                "i": i + 1, "j": j + 1, "lag": i - j, "alpha": float(alpha[i, j]),
+                "SSM gap": float(np.abs(W_ssm[i, j] - lag_block).max() / scale_ssm),
+                "head gap": float(np.abs(W_head[i, j] - alpha[i, j] * V).max() / scale_head),
+            })
+    return rows

@@ -289,3 +289,24 @@ def damped_rotation_explorer(radius: float, angle: float, n: int, *, points: int
     return {"n": int(n), "radius": radii.tolist(), "angle": thetas.tolist(),
             "initial": [int(np.argmin(abs(radii - radius))), int(np.argmin(abs(thetas - angle)))],
             "error": error.tolist(), "relative": relative.tolist(), "direction": direction.tolist()}
+
+
+def lag_spiral(ssm, n: int) -> tuple[list[dict], np.ndarray, float]:
+    """The damped rotation's lags in span{I, J}: L_ℓ = a_ℓ I + b_ℓ J with (a_ℓ, b_ℓ) read off
+    lib's lags (a = L[0, 0], b = L[1, 0]). The one-head error weights lag ℓ by
+    ‖vec(aI + bJ)‖² (n − ℓ) = 2(n − ℓ)(a² + b²), so the best single head's line is the top
+    eigenvector u of M = 2 Σ (n − ℓ) (a, b)(a, b)ᵀ, and its error is the weighted sum of the
+    squared distances to that line. Returns one row per lag (ℓ, a, b, weight 2(n − ℓ), distance
+    to the line), u, and the largest entry of L_ℓ − (a_ℓ I + b_ℓ J) (0 for a rotation–scaling)."""
+    L = ssm.lags(n).numpy(force=True)
+    a, b = L[:, 0, 0], L[:, 1, 0]
+    J = np.array([[0.0, -1.0], [1.0, 0.0]])
+    off_span = float(np.abs(L - a[:, None, None] * np.eye(2) - b[:, None, None] * J).max())
+    weight = 2.0 * (n - np.arange(n))
+    points = np.stack([a, b], 1)
+    _, vectors = np.linalg.eigh((points * weight[:, None]).T @ points)
+    u = vectors[:, -1]
+    distance = np.abs(points @ np.array([-u[1], u[0]]))
+    rows = [{"lag": ell, "a": float(a[ell]), "b": float(b[ell]), "weight": float(weight[ell]),
+             "distance to line": float(distance[ell])} for ell in range(n)]
+    return rows, u, off_span

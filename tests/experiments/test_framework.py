@@ -379,3 +379,33 @@ def test_the_1e_10_rule_undercounts_a_fast_decaying_shift():
     assert [r["exact k"] for r in rows] == [9, 9]
     assert rows[0]["measured rank"] == rows[0]["k (resolvents)"] == 9
     assert rows[1]["measured rank"] < 9 and rows[1]["k (resolvents)"] < 9
+
+
+def test_one_softmax_head_full_rank_attention_matrix_but_interaction_rank_one():
+    from lib import SoftmaxAttention
+
+    X = np.random.default_rng(5).standard_normal((6, 4))
+    head = SoftmaxAttention.random(4, 4, 1, seed=3)
+    ranks = fw.head_ranks(head, X)
+    assert ranks["attention matrix rank"] == 6  # causal: triangular, positive diagonal
+    assert ranks["value map rank"] == 4
+    assert ranks["operator matrix rank"] == 6 * 4  # rank(α ⊗ V) = rank α · rank V
+    assert ranks["interaction rank"] == 1
+    assert ranks["Kronecker gap"] <= 1e-14
+    # a rank-2 value map: the operator matrix rank drops to n · 2, the interaction rank stays 1
+    W_V = head.W_V.clone()
+    W_V[0, 2:] = 0.0
+    low = SoftmaxAttention(head.W_Q, head.W_K, W_V, head.W_O)
+    ranks = fw.head_ranks(low, X)
+    assert (ranks["operator matrix rank"], ranks["interaction rank"]) == (12, 1)
+
+
+def test_block_patterns_are_lags_for_the_ssm_and_scaled_value_maps_for_the_head():
+    from lib import SoftmaxAttention
+
+    X = np.random.default_rng(6).standard_normal((5, 4))
+    head = SoftmaxAttention.random(4, 4, 1, seed=4)
+    rows = fw.block_patterns(LTI[2], head, X)
+    assert max(r["SSM gap"] for r in rows) <= 1e-12
+    assert max(r["head gap"] for r in rows) <= 1e-12
+    assert all(r["alpha"] == 0.0 for r in rows if r["j"] > r["i"])

@@ -415,3 +415,19 @@ def test_thm_rank_gap_map_with_biases_softmax_is_bias_free_plus_a_constant():
     Y_lib = head(torch.from_numpy(X)).detach().numpy()
     Y_free, _ = biased_softmax_head(X, W_Q, W_K, W_V, W_O, *(np.zeros(3) for _ in range(4)))
     assert np.allclose(Y_lib, Y_free, atol=1e-12)
+
+
+def test_lag_spiral_weighted_distances_give_the_best_single_head_error():
+    from experiments.rank_gap import lag_spiral
+    from lib import LinearSSM, optimal_head_errors
+
+    ssm = LinearSSM.damped_rotation(0.9, 0.6)
+    rows, u, off_span = lag_spiral(ssm, 20)
+    error = sum(r["weight"] * r["distance to line"] ** 2 for r in rows)
+    assert off_span <= 1e-15
+    assert abs(error - optimal_head_errors(ssm, 20, 1)[1]) <= 1e-10 * error
+    assert abs(np.linalg.norm(u) - 1) <= 1e-12
+    # another line through the origin does worse
+    v = np.array([1.0, 0.0])
+    worse = sum(r["weight"] * (r["a"] * v[1] - r["b"] * v[0]) ** 2 for r in rows)
+    assert worse > error
