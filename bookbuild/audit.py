@@ -178,21 +178,43 @@ def audit_search(book: Book, require_browser: bool = False, word: str = "Eckart"
     return result
 
 
-def audit_figure_backgrounds(book: Book) -> Audit:
+FIGURE_USE = re.compile(r"```\{book-figure\}\s+([\w-]+/[\w-]+)")
+FIGURE_HTML = re.compile(r'<figure class="[^"]*book-figure[^"]*"[^>]*>(.*?)</figure>', re.S)
+
+
+def audit_figures(book: Book) -> Audit:
+    """Every figure a notebook saved is opaque white (readable in dark mode) and shown by a
+    page; every shown figure has alt text, a numbered caption and its provenance line."""
     from PIL import Image
 
-    result, count = Audit("(h) figures have opaque white backgrounds (readable in dark mode)"), 0
-    for nb, notebook in _executed(book):
-        for number, cell in enumerate(notebook.cells, 1):
-            for data in [o["data"]["image/png"] for o in cell.get("outputs", [])
-                         if "image/png" in o.get("data", {})]:
-                count += 1
-                image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA")
-                w, h = image.size
-                corners = [image.getpixel(xy) for xy in ((0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1))]
-                if any(c[3] < 255 or min(c[:3]) < 250 for c in corners):
-                    result.problems.append(f"{nb} cell {number}: figure corners {corners} are not opaque white")
-    result.summary = f"{count} figures"
+    result = Audit("(h) figures: white, each on a page with alt text, a numbered caption, provenance")
+    sources = [book.root / p for p in book.pages]
+    shown = {key for path in sources if path.exists() for key in FIGURE_USE.findall(
+        "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        if path.suffix == ".ipynb" else path.read_text())}
+    saved = sorted(book.figures.glob("*/*.png")) if book.figures.exists() else []
+    for png in saved:
+        key = f"{png.parent.name}/{png.stem}"
+        image = Image.open(png).convert("RGBA")
+        w, h = image.size
+        corners = [image.getpixel(xy) for xy in ((0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1))]
+        if any(c[3] < 255 or min(c[:3]) < 250 for c in corners):
+            result.problems.append(f"{key}.png: corners {corners} are not opaque white")
+        if key not in shown:
+            result.problems.append(f"{key}.png: no page shows it (``{{book-figure}} {key}``)")
+    count = 0
+    for page in book.pages:
+        html = book.html / page.with_suffix(".html")
+        for figure in FIGURE_HTML.findall(html.read_text(errors="replace") if html.exists() else ""):
+            count += 1
+            alt = re.search(r'<img [^>]*alt="([^"]*)"', figure)
+            if not alt or len(alt.group(1).split()) < 4:
+                result.problems.append(f"{page}: a figure without alt text (4 words or more)")
+            if not re.search(r'<span class="caption-number">Fig(ure)?\.? \d+', figure):
+                result.problems.append(f"{page}: a figure without a numbered caption")
+            if "figure-provenance" not in figure:
+                result.problems.append(f"{page}: a figure without its provenance line")
+    result.summary = f"{len(saved)} figures saved, {count} shown"
     return result
 
 
@@ -271,7 +293,7 @@ def audit_reading(book: Book) -> Audit:
 def run_audits(book: Book, require_browser: bool = False, echo=print) -> bool:
     audits = [audit_pages(book), audit_notebook_errors(book), audit_offline(book),
               audit_math(book, require_browser), audit_results(book), audit_ledger(book),
-              audit_search(book, require_browser), audit_figure_backgrounds(book),
+              audit_search(book, require_browser), audit_figures(book),
               audit_bundle(book), audit_reading(book)]
     for audit in audits:
         if audit.skipped:

@@ -20,6 +20,15 @@ HELPER_SOURCE = Path(__file__).with_name("notebook.py")
 ENTRY_KEYS = {"published", "quick", "run_last", "inputs", "cell_timeout"}
 
 
+def executable_part(notebook: Path) -> str:
+    """What executing ``notebook`` depends on: its code cells (ids, sources, metadata) and the
+    kernel. Prose (markdown cells) is left out: editing it re-stages, never re-executes."""
+    nb = json.loads(Path(notebook).read_text())
+    cells = [[c.get("id"), c["source"], c.get("metadata", {})] for c in nb["cells"]
+             if c["cell_type"] == "code"]
+    return json.dumps([nb.get("metadata", {}).get("kernelspec"), cells], sort_keys=True)
+
+
 class BookError(RuntimeError):
     """A configuration problem (toc, parameters), reported in one line without a traceback."""
 
@@ -122,13 +131,13 @@ class Book:
             raise BookError(f"data/params.yaml has entries for notebooks not in _toc.yml: {stale}")
 
     def input_hash(self, notebook, profile: str, extra=None) -> str:
-        """sha256 of everything an execution depends on: the notebook, its parameters, the
+        """sha256 of everything an execution depends on: the notebook's code cells, its parameters, the
         helper, SHARED_INPUTS, the entry's ``inputs`` globs and ``extra`` (non-file inputs)."""
         patterns = [*SHARED_INPUTS, *(self.entry(notebook).get("inputs") or [])]
         files = sorted({f for pattern in patterns for match in self.root.glob(pattern)
                         for f in (match.rglob("*") if match.is_dir() else [match])
                         if f.is_file() and "__pycache__" not in f.parts})
-        parts = {"notebook": (self.root / notebook).read_bytes(), "profile": profile.encode(),
+        parts = {"notebook": executable_part(self.root / notebook), "profile": profile.encode(),
                  "parameters": json.dumps(self.parameters(notebook, profile), sort_keys=True),
                  "helper": HELPER_SOURCE.read_bytes(), "extra": json.dumps(extra, sort_keys=True),
                  **{str(f.relative_to(self.root)): f.read_bytes() for f in files}}

@@ -180,21 +180,21 @@ def nest_outline(pdf: Path, book: Book, starts: dict[str, int]) -> None:
     writer = PdfWriter(clone_from=reader)
     writer._root_object.pop("/Outlines", None)
     if "contents" in starts:
-        writer.add_outline_item("Contents", starts["contents"] - 1)
+        writer.add_outline_item(title="Contents", page_number=starts["contents"] - 1)
     part = chapter = None
     for i, (kind, name) in enumerate(outline):
         if kind == "part":
             first = next((starts.get(n) for k, n in outline[i + 1:] if k != "part"), None) or 1
-            part = writer.add_outline_item(name, first - 1)
+            part = writer.add_outline_item(title=name, page_number=first - 1)
             continue
-        item = writer.add_outline_item(titles.get(name, name), starts.get(name, 1) - 1,
-                                       part if kind == "chapter" else chapter)
+        item = writer.add_outline_item(title=titles.get(name, name), page_number=starts.get(name, 1) - 1,
+                                       parent=part if kind == "chapter" else chapter)
         chapter = item if kind == "chapter" else chapter
         if name in heads:
             depth, stop = flat[heads[name]][0], next(e for e in ends if e > heads[name])
             for d, title, page in flat[heads[name] + 1:stop]:
                 if d == depth + 1:
-                    writer.add_outline_item(bookmark_title(title), page, item)
+                    writer.add_outline_item(title=bookmark_title(title), page_number=page, parent=item)
     with open(pdf, "wb") as handle:
         writer.write(handle)
 
@@ -422,7 +422,10 @@ def inspect_bundle(book: Book, archive: Path | None = None) -> BundleSummary:
     except zipfile.BadZipFile as err:
         problems.append(f"{archive.name} is not a readable zip archive: {err}")
         return summary
-    pngs = {}  # docname -> figures its page shows (PNG outputs of cells not removed, not glued)
+    # docname -> figures its page shows: {book-figure} images, PNG outputs of cells not removed
+    pngs = {p.with_suffix("").as_posix(): (book.html / p.with_suffix(".html")).read_text(
+        errors="replace").count("book-figure-image") if (book.html / p.with_suffix(".html")).exists()
+        else 0 for p in book.pages}
     with zf:
         names = {n.removeprefix(prefix) for n in zf.namelist() if not n.endswith("/")}
         if not stamp.exists():
@@ -446,7 +449,7 @@ def inspect_bundle(book: Book, archive: Path | None = None) -> BundleSummary:
                 continue
             if not any(c.get("outputs") for c in notebook.cells):
                 problems.append(f"{member}: has no outputs (not an executed notebook)")
-            pngs[nb.with_suffix("").as_posix()] = sum(
+            pngs[nb.with_suffix("").as_posix()] += sum(
                 "image/png" in out.get("data", {}) and "scrapbook" not in out.get("metadata", {})
                 for c in notebook.cells if not _HIDDEN & set(c.get("metadata", {}).get("tags", []))
                 for out in c.get("outputs", []))

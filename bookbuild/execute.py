@@ -91,6 +91,27 @@ def _install(book: Book, notebook: str, work: Path, profile: str, previous: dict
     return installed
 
 
+def refresh_prose(source: Path, executed: Path) -> bool:
+    """Give a cached executed notebook the source's markdown cells (the cache ignores prose):
+    its code cells, with their outputs, in the source's order. Returns whether it changed."""
+    src, done = nbformat.read(source, as_version=4), nbformat.read(executed, as_version=4)
+    runs = []  # each executed code cell with the injected-parameters cell that follows it
+    for cell in (c for c in done.cells if c.cell_type == "code"):
+        if INJECTED in cell.metadata.get("tags", []) and runs:
+            runs[-1].append(cell)
+        else:
+            runs.append([cell])
+    code = [c for c in src.cells if c.cell_type == "code"]
+    if [c.source for c in code] != [run[0].source for run in runs]:
+        raise ValueError(f"{executed} does not hold the code cells of {source}: re-execute it")
+    merged = [part for c in src.cells for part in (runs.pop(0) if c.cell_type == "code" else [c])]
+    if merged == done.cells:
+        return False
+    done.cells = merged
+    executed.write_bytes(nbformat.writes(done).encode() + b"\n")
+    return True
+
+
 def failures(report: dict) -> list[str]:
     return [o["message"] for o in report["notebooks"].values() if o["status"] == "failed"]
 
@@ -124,6 +145,7 @@ def execute_notebooks(book: Book, profile: str = "published", jobs: int | None =
             digest, entry = book.input_hash(nb, profile, extra), manifest.get(nb, {})
             if (entry.get("hash") == digest and (book.executed / nb).exists()
                     and not any(nb == p or nb.startswith(p + "/") for p in forced)):
+                refresh_prose(book.root / nb, book.executed / nb)
                 outcomes[nb] = dict(status="cached", seconds=entry.get("seconds", 0.0))
             else:
                 pending.append((nb, digest))

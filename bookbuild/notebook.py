@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ FIGURE_DPI = 110
 CONTENT_PX = 688  # width of the page's content column at the site audits' 1280 px window
 MAX_FIGURE_INCHES = 8.0
 MIN_TEXT_PX = 10.0
-FOOTER_PT = 8.5
+FIGURE_SCALE = 2  # saved PNGs have 2 pixels per CSS pixel: sharp on HiDPI screens and in print
 
 
 def book_root() -> Path:
@@ -61,25 +60,27 @@ class NotebookRun:
         return np.random.default_rng([self.seed, offset])
 
     def figure(self, fig, name: str):
-        """Add the provenance footer (notebook, parameters, commit), check that the figure
-        fits the page (:func:`figure_problems`), save ``<name>.png``; return ``fig``."""
-        from matplotlib.layout_engine import ConstrainedLayoutEngine
-
+        """Check that the figure fits the page (:func:`figure_problems`), save ``<name>.png``
+        at 2× resolution and its provenance ``<name>.yaml`` (notebook, parameters, commit),
+        shown under it by the page's ``{book-figure}`` directive, outside the pixels. Under the
+        build the cell shows nothing (the directive shows the figure); run by hand, returns
+        ``fig`` to be shown inline."""
         _check_name(name)
-        shown = ", ".join(f"{k}={v}" for k, v in self.params.items() if k != "device")
-        provenance = f"{self.notebook} · profile {self.profile} · {shown} · commit {self.commit}"
-        lines = textwrap.wrap(provenance, max(60, int(fig.get_figwidth() * 12)))
-        footer_in = 0.16 * len(lines) + 0.1
-        fig.set_figheight(fig.get_figheight() + footer_in)
-        fraction = footer_in / fig.get_figheight()
-        fig.set_layout_engine(ConstrainedLayoutEngine(rect=(0, fraction, 1, 1 - fraction)))
-        fig.text(0.01, 0.02 * fraction, "\n".join(lines), fontsize=FOOTER_PT, color="0.35",
-                 ha="left", va="bottom", family="monospace")
         for problem in figure_problems(fig):
             raise ValueError(f"figure {name!r}: {problem}")
         path = self.output_dir / "figures" / self.chapter / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=FIGURE_DPI, facecolor="white", metadata={"Software": None})
+        fig.savefig(path, dpi=FIGURE_SCALE * FIGURE_DPI, facecolor="white",
+                    metadata={"Software": None})
+        provenance = {"notebook": self.notebook, "profile": self.profile, "commit": self.commit,
+                      "params": {k: v for k, v in self.params.items() if k != "device"},
+                      "width_px": round(fig.get_figwidth() * FIGURE_DPI)}
+        path.with_suffix(".yaml").write_text(yaml.safe_dump(provenance, sort_keys=True))
+        if os.environ.get("BOOK_NOTEBOOK"):
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+            return None
         return fig
 
     def table(self, df, name: str, rtol: float = 1e-9, atol: float = 0.0,

@@ -15,6 +15,7 @@ from .ledger import LEDGER_FILE, ledger_inputs
 
 #: What the staged tree holds besides the page folders: configuration, bibliography, assets.
 STAGED = ("_config.yml", "_toc.yml", "references.bib", "_static", "images")
+FIGURES_DIR = "_figures"  # in the staged tree: _build/figures/<topic>/<name>.png and .yaml
 STAMP = ".stage-hash"  # in the built site: the hash of the staged tree it was built from
 
 
@@ -46,6 +47,9 @@ def stage(book: Book) -> Path:
             raise BookError(f"{page} has not been executed ({source} missing)")
         (target / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target / page)
+    # The figures the notebooks saved (PNG + provenance), shown by the {book-figure} directive.
+    if book.figures.exists():
+        shutil.copytree(book.figures, target / FIGURES_DIR)
     (target / LEDGER_FILE).write_text(json.dumps(ledger_inputs(book), indent=1) + "\n")
     # lib's docstrings (the API page) and the Sphinx extension are inputs of the site too.
     code = sorted([*book.root.glob("lib/**/*.py"), Path(__file__).with_name("sphinx_ext.py")])

@@ -1,6 +1,7 @@
 """The book's Sphinx extension: finds the claims, prints the ledger line under each and the
 status tables (``ledger-claims``, ``ledger-figures``), a run-locally note at the end of every
-page, and the API reference of ``lib`` (``lib-api``, from ``lib.API``)."""
+page, the API reference of ``lib`` (``lib-api``, from ``lib.API``) and the notebooks' figures
+with numbered captions and their provenance (``book-figure``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
 from docutils import nodes
+from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
 from sphinx import addnodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
 
 from .ledger import CLAIM_KINDS, CLAIMS_FILE, LEDGER_FILE, SOURCES, assemble
+from .site import FIGURES_DIR
 
 VERDICT_MARK = {"reproduced": "✓ reproduced", "fails its check": "✗ fails its check",
                 "incomplete": "◌ incomplete"}
@@ -209,6 +214,47 @@ class LibApi(SphinxDirective):
         return container.children
 
 
+class BookFigure(SphinxDirective):
+    """``{book-figure} <topic>/<name>``: a figure a notebook saved with ``run.figure``, with a
+    numbered caption (the content's first paragraph), required ``:alt:`` text, and its
+    provenance (notebook, profile, parameters, commit) in a line under it, outside the pixels."""
+
+    required_arguments = 1
+    has_content = True
+    option_spec = {"alt": directives.unchanged_required, "name": directives.unchanged}
+
+    def run(self):
+        key = self.arguments[0]
+        png = Path(self.env.srcdir) / FIGURES_DIR / f"{key}.png"
+        if not re.fullmatch(r"[\w-]+/[\w-]+", key) or not png.exists():
+            raise self.error(f"book-figure {key!r}: no figure {FIGURES_DIR}/{key}.png: give "
+                             "<topic>/<name> of a figure a notebook saved with run.figure")
+        alt = self.options.get("alt", "").strip()
+        if not alt:
+            raise self.error(f"book-figure {key!r}: :alt: is required (what the figure shows)")
+        if not self.content:
+            raise self.error(f"book-figure {key!r}: a caption is required")
+        meta = yaml.safe_load(png.with_suffix(".yaml").read_text())
+        image = nodes.image(uri=f"/{FIGURES_DIR}/{key}.png", alt=alt, width=f"{meta['width_px']}px",
+                            classes=["book-figure-image"])
+        figure = nodes.figure("", image, classes=["book-figure"])
+        self.set_source_info(figure)
+        self.add_name(figure)
+        parsed = nodes.Element()
+        self.state.nested_parse(self.content, self.content_offset, parsed)
+        if not parsed.children or not isinstance(parsed[0], nodes.paragraph):
+            raise self.error(f"book-figure {key!r}: the caption must start with a paragraph")
+        figure += nodes.caption(parsed[0].rawsource, "", *parsed[0].children)
+        shown = ", ".join(f"{k}={v}" for k, v in meta["params"].items())
+        source = nodes.paragraph(classes=["figure-provenance"])
+        source += [nodes.Text("Made by "),
+                   _doc_link(str(Path(meta["notebook"]).with_suffix("")), self.env.docname,
+                             Path(meta["notebook"]).name),
+                   nodes.Text(f" · profile {meta['profile']} · {shown} · commit {meta['commit']}")]
+        figure += nodes.legend("", *parsed[1:], source)
+        return [figure]
+
+
 def myst_roles_to_rst(app, what, name, obj, options, lines) -> None:
     """lib's docstrings use MyST roles ({prf:ref}`x`); autodoc reads reST (:prf:ref:`x`)."""
     lines[:] = [_MYST_ROLE.sub(r":\1:`\2`", line) for line in lines]
@@ -226,4 +272,5 @@ def setup(app):
     app.add_directive("ledger-claims", LedgerClaims)
     app.add_directive("ledger-figures", LedgerFigures)
     app.add_directive("lib-api", LibApi)
+    app.add_directive("book-figure", BookFigure)
     return {"parallel_read_safe": False, "parallel_write_safe": True, "version": "1"}

@@ -35,6 +35,9 @@ DEMO_CELLS = [
         run.figure(fig, "values")
         run.glue("total", float(values.sum()))
         run.show(table, {"value": "{:.3e}"})""")),
+    ("md", "```{book-figure} demo/values\n:name: fig-demo-values\n"
+           ":alt: Five values drawn at random, joined by a line.\n\n"
+           "The five values of the table.\n```"),
     ("code", 'run.check("thm-good", 1e-16, 1e-12, "error")\n'
              'run.check("prop-broken", 0.5, 1e-3, "gap")', "remove-input"),
 ]

@@ -10,7 +10,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from bookbuild import audit
-from bookbuild.audit import (audit_figure_backgrounds, audit_math, audit_notebook_errors,
+from bookbuild.audit import (audit_figures, audit_math, audit_notebook_errors,
                              audit_offline, audit_pages, audit_reading, audit_results,
                              audit_search, external_resources, png_width, reading_problems)
 from bookbuild.notebook import FIGURE_DPI
@@ -111,10 +111,10 @@ def test_audits_pass_on_a_good_build_and_catch_drift_and_missing_pages(built_boo
     book = copy_book(built_book, tmp_path / "book")
     assert refresh(book, echo=quiet) == 2  # `make data`: values.csv and its tolerances
     for check in (audit_pages, audit_notebook_errors, audit_offline, audit_results,
-                  audit_figure_backgrounds, audit_reading):
+                  audit_figures, audit_reading):
         result = check(book)
         assert result.ok, (result.name, result.problems)
-    assert audit_figure_backgrounds(book).summary == "1 figures"
+    assert audit_figures(book).summary == "1 figures saved, 1 shown"
     table = book.committed_results / "demo" / "values.csv"
     rows = table.read_text().splitlines()
     i, value = rows[2].split(",")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
+import nbformat
 import pytest
 import yaml
 
@@ -59,8 +60,24 @@ def test_shared_inputs_and_the_notebook_enter_the_hash(fixture_book, changed):
     (fixture_book.root / "lib" / "__pycache__").mkdir()  # compiled files are no input
     (fixture_book.root / "lib" / "__pycache__" / "x.pyc").write_bytes(b"\0")
     assert fixture_book.input_hash(NOTEBOOK, "published") == before
-    path.write_text(path.read_text() + "\n# changed\n")
+    if path.suffix == ".ipynb":  # a notebook's code cells are its input
+        edit_notebook(path, "code", "\n# changed")
+    else:
+        path.write_text(path.read_text() + "\n# changed\n")
     assert fixture_book.input_hash(NOTEBOOK, "published") != before
+
+
+def edit_notebook(path, kind: str, text: str) -> None:
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == kind)
+    cell.source += text
+    nbformat.write(nb, path)
+
+
+def test_prose_is_not_an_input_of_the_execution(fixture_book):
+    before = fixture_book.input_hash(NOTEBOOK, "published")
+    edit_notebook(fixture_book.root / NOTEBOOK, "markdown", "\n\nMore prose.")
+    assert fixture_book.input_hash(NOTEBOOK, "published") == before
 
 
 def test_profile_and_extra_inputs_enter_the_hash(fixture_book):

@@ -82,6 +82,21 @@ def test_two_clean_executions_are_byte_identical_then_cached(built_book, tmp_pat
     lines = []
     assert statuses(execute_notebooks(book, echo=lines.append)) == {NOTEBOOK: "cached"}
     assert lines == ["[book] all 1 notebook(s) up to date (profile published)"]
+    # Prose is not an input of the execution: a markdown edit reaches the executed notebook
+    # without a re-run; a code edit re-runs.
+    source = nbformat.read(book.root / NOTEBOOK, 4)
+    source.cells[0].source += "\n\nA new paragraph."
+    source.cells.insert(4, nbformat.v4.new_markdown_cell("Between two cells.", id="newprose"))
+    nbformat.write(source, book.root / NOTEBOOK)
+    assert statuses(execute_notebooks(book, echo=quiet)) == {NOTEBOOK: "cached"}
+    done = nbformat.read(book.executed / NOTEBOOK, 4)
+    assert done.cells[0].source.endswith("A new paragraph.")
+    assert [c.id for c in done.cells if c.cell_type == "markdown"] == [
+        c.id for c in source.cells if c.cell_type == "markdown"]
+    assert [c.outputs for c in done.cells if c.cell_type == "code"][-1] is not None
+    source.cells[2].source += "\nextra = 1"
+    nbformat.write(source, book.root / NOTEBOOK)
+    assert statuses(execute_notebooks(book, echo=quiet)) == {NOTEBOOK: "executed"}
 
 
 HANG = "chapters/demo/hang.ipynb"
@@ -106,7 +121,7 @@ def test_failures_are_one_line_each_and_keep_the_last_good_build(built_book, tmp
 
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
-    assert f"FAILED {NOTEBOOK} cell 6: RuntimeError: late" in lines
+    assert f"FAILED {NOTEBOOK} cell 7: RuntimeError: late" in lines
     assert f"FAILED {HANG} cell 3: CellTimeoutError: cell did not finish within 3 s" in lines
     assert (book.html / "index.html").read_bytes() == index, "the site must stay"
     assert artifacts(book) == good, "the last successful execution must stay"
