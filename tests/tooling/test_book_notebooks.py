@@ -95,3 +95,32 @@ def test_every_reference_has_a_link():
     assert len(entries) >= 19
     unlinked = [key for key, body in entries if not re.search(r"^\s*(url|doi)\s*=", body, re.M)]
     assert not unlinked, f"references without a url or doi: {unlinked}"
+
+
+CHAPTER_PAGES = sorted(p for p in BOOK.pages if p.name == "index.md")
+CHAPTER_NOTEBOOKS = [nb for nb in NOTEBOOKS if not nb.startswith("chapters/appendix/")]
+
+
+@pytest.mark.parametrize("page", CHAPTER_PAGES, ids=str)
+def test_chapter_page_opens_shows_and_closes_for_readers(page):
+    """Every chapter page: "In this chapter" first, one box on what is the paper's, a figure
+    with alt text and a caption, "Takeaways" last; no note addressed to the book's authors."""
+    text = (BOOK.root / page).read_text()
+    body = text.split("\n# ", 1)[1]
+    first_block = body.split(":::", 2)[1] if ":::" in body else ""
+    assert first_block.startswith("{admonition} In this chapter"), "opens with 'In this chapter'"
+    assert text.count(":::{admonition} The paper and this book") == 1
+    assert re.search(r"```\{book-figure\} [\w-]+/[\w-]+\n(:name: .+\n)?:alt: \S+", text)
+    last = re.findall(r"^## (.+)$", text, re.M)[-1]
+    assert last == "Takeaways", f"the last section is {last!r}"
+    bullets = re.findall(r"^- ", text.split("\n## Takeaways", 1)[1], re.M)
+    assert 3 <= len(bullets) <= 5, f"{len(bullets)} takeaways"
+    assert not re.search(r"earlier version|moonshot|this session", text, re.I)
+
+
+@pytest.mark.parametrize("path", CHAPTER_NOTEBOOKS)
+def test_chapter_notebook_ends_with_try_it(path):
+    cells = nbformat.read(BOOK.root / path, as_version=4).cells
+    headings = [c.source for c in cells if c.cell_type == "markdown" and "## Try it" in c.source]
+    assert headings, "a '## Try it' section"
+    assert cells[-1].cell_type == "code" or "Try it" in cells[-1].source
