@@ -632,6 +632,14 @@ def heads_within(heads: Sequence[int], accuracies: Sequence[float], reference: f
     return list(heads)[0 if not len(bad) else bad[-1] + 1]
 
 
+def resolvable_tolerances(tolerances: Sequence[float], items: int, alpha: float = 0.05) -> tuple[int, list[float]]:
+    """(m, resolved): the fewest discordant items m with which the exact McNemar test (`mcnemar`)
+    can reach p < alpha — all m one way, p = 2·2^-m — and the tolerances τ whose τ·items is at
+    least m. An accuracy gap of fewer than m items on `items` test items is never significant."""
+    m = next(m for m in range(1, 64) if mcnemar(np.ones(m, bool), np.zeros(m, bool))[2] < alpha)
+    return m, [t for t in tolerances if t * items >= m]
+
+
 #: A mean ε-head count change (over blocks and ε) below this many heads in absolute value reads
 #: as "no change", at least this many as a gain: the one threshold of every notebook.
 COUNT_CHANGE = 1.0

@@ -628,3 +628,16 @@ def test_with_skip_swaps_only_the_skip(random_diagonal, random_shared):
         assert np.array_equal(L[1:], T[1:])
         np.testing.assert_allclose(T[0] - L[0], np.diag((other.D - layer.D).detach().numpy()), atol=1e-14)
         assert not np.array_equal(layer.D.detach().numpy(), twin.D.detach().numpy())
+
+
+def test_resolvable_tolerances_match_the_binomial_test():
+    from scipy.stats import binomtest
+
+    from experiments.trained_heads import resolvable_tolerances
+
+    m, resolved = resolvable_tolerances([0.05, 0.02, 0.01, 0.005], 450)
+    assert binomtest(m, m, 0.5).pvalue < 0.05 <= binomtest(m - 1, m - 1, 0.5).pvalue
+    assert m == 6 and resolved == [0.05, 0.02]  # 4.5 and 2.25 items are below 6
+    assert resolvable_tolerances([0.01], 600)[1] == [0.01]
+    assert resolvable_tolerances([0.05], 450, alpha=0.001)[0] == 11
+    assert binomtest(11, 11, 0.5).pvalue < 0.001 <= binomtest(10, 10, 0.5).pvalue
