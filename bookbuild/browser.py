@@ -22,9 +22,10 @@ _TYPESET = """async () => { const startup = window.MathJax && MathJax.startup;
     if (startup && startup.promise) { await startup.promise; return true; } return false; }"""
 
 # Blocks of the page body wider than the column: outputs (tables), code, literal blocks,
-# display math; and display math that would be clipped, not scrolled, on a narrow screen.
+# display math, prose (a paragraph or list item with text that cannot wrap, such as a long
+# glued value); and display math that would be clipped, not scrolled, on a narrow screen.
 _OVERFLOWING = """() => [...document.querySelectorAll('main .cell_output .output, main .cell_input pre, '
-        + 'main div.highlight pre, main mjx-container[display="true"]')]
+        + 'main div.highlight pre, main mjx-container[display="true"], main p, main li')]
     .filter(el => el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2)
     .map(el => `${el.scrollWidth} px in ${el.clientWidth}: `
                + JSON.stringify(el.textContent.trim().replace(/\\s+/g, ' ').slice(0, 40)))

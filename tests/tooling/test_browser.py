@@ -38,3 +38,15 @@ def test_wide_display_math_is_reported_and_so_is_math_that_would_clip(tmp_path):
     assert wide == ['900 px in 300: "W_ij"',
                     "display math that a narrow screen clips (overflow-x is not auto)"]
     assert fits == []
+
+
+def test_prose_that_cannot_wrap_is_reported(tmp_path):
+    text = "+0.83 for seed 0 (below the threshold: no change), +1.17 for seed 1" * 3
+    for name, style in (("stuck", "white-space:nowrap"), ("wraps", "white-space:normal")):
+        (tmp_path / f"{name}.html").write_text(
+            f'<html><body><main style="width:300px"><p>Gains: <span style="{style}">{text}'
+            "</span></p></main></body></html>")
+    with serve(tmp_path) as base, Browser(find_chromium()) as browser:
+        stuck, wraps = (browser.render(f"{base}/{n}.html").overflowing for n in ("stuck", "wraps"))
+    assert len(stuck) == 1 and stuck[0].endswith('in 300: "Gains: +0.83 for seed 0 (below the thres"')
+    assert wraps == []
