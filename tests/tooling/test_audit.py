@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import struct
 import zlib
 
@@ -10,9 +11,19 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from bookbuild import audit
-from bookbuild.audit import (audit_figures, audit_math, audit_notebook_errors,
-                             audit_offline, audit_pages, audit_reading, audit_results,
-                             audit_search, external_resources, png_width, reading_problems)
+from bookbuild.audit import (
+    audit_figures,
+    audit_math,
+    audit_notebook_errors,
+    audit_offline,
+    audit_pages,
+    audit_reading,
+    audit_results,
+    audit_search,
+    external_resources,
+    png_width,
+    reading_problems,
+)
 from bookbuild.notebook import FIGURE_DPI
 from bookbuild.results import refresh
 
@@ -115,6 +126,17 @@ def test_audits_pass_on_a_good_build_and_catch_drift_and_missing_pages(built_boo
         result = check(book)
         assert result.ok, (result.name, result.problems)
     assert audit_figures(book).summary == "1 figures saved, 1 shown"
+    page = book.html / "chapters/demo/demo.html"  # a figure shown without alt text or number
+    good_page = page.read_text()
+    page.write_text(re.sub(r'alt="[^"]*"', 'alt=""', good_page.replace("caption-number", "x"), 1))
+    assert audit_figures(book).problems == [
+        "chapters/demo/demo.ipynb: a figure without alt text (4 words or more)",
+        "chapters/demo/demo.ipynb: a figure without a numbered caption"]
+    page.write_text(good_page)
+    notebook = book.root / "chapters/demo/demo.ipynb"  # a saved figure no page shows
+    notebook.write_text(notebook.read_text().replace("book-figure} demo/values", "note} x"))
+    assert audit_figures(book).problems == [
+        "demo/values.png: no page shows it (``{book-figure} demo/values``)"]
     table = book.committed_results / "demo" / "values.csv"
     rows = table.read_text().splitlines()
     i, value = rows[2].split(",")
