@@ -16,7 +16,7 @@ from .jacobians import jacobian_blocks, jacobian_norms
 from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, factorized_operator, identity_error, relative_error, toeplitz_operator
 from .recurrent import ElmanRNN
-from .spans import interaction_rank, interaction_span, operator_span
+from .spans import channel_span, interaction_rank, interaction_span, operator_span
 from .ssm import SSD, DiagonalSSM, LinearSSM, SelectiveSSM, SharedStateSSM, s4d_continuous, s4d_ssm, s4d_step
 from .stacks import Stack
 from .training import fit, imitate
@@ -30,7 +30,7 @@ API = {
         "Dense", "FeedForward", "CausalConv1d", "KANLayer", "ElmanRNN", "LinearSSM", "SelectiveSSM", "SSD",
         "DiagonalSSM", "SharedStateSSM", "s4d_ssm", "s4d_continuous", "s4d_step", "SoftmaxAttention",
         "LinearAttention", "RelativeHeads", "Stack", "architecture_zoo"],
-    "Operator spans": ["operator_span", "interaction_span", "interaction_rank"],
+    "Operator spans": ["operator_span", "interaction_span", "interaction_rank", "channel_span"],
     "Head counts": [
         "min_heads", "heads_from_ssm", "optimal_head_errors", "truncated_heads", "heads_needed",
         "population_error", "fit_heads"],

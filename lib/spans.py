@@ -99,3 +99,48 @@ def interaction_span(model: Any, inputs: Any, rtol: float = 1e-10) -> OperatorSp
 def interaction_rank(model: Any, inputs: Any, rtol: float = 1e-10) -> int:
     """dim span{𝒲_ij(X)} over the inputs: `interaction_span(model, inputs, rtol).dim`."""
     return interaction_span(model, inputs, rtol).dim
+
+
+class ChannelSpan(NamedTuple):
+    """The span of 𝒲_ij(X) = U diag(g_ij(X)) V read from the coefficients ({prf:ref}`prop-channel-span`).
+
+    dim: the numerical dimension of span{𝒲_ij}, the head count at the inputs; singular_values
+    (≤ D,): those of the matrix of rows vec 𝒲_ij, descending; coefficient_singular_values: those
+    of G, the matrix of rows g_ij, alone; gram_eigenvalues (D,): of K = (UᵀU) ⊙ (VVᵀ), ascending
+    (K nonsingular: the D rank-one maps u_q v_qᵀ are independent and dim = rank G).
+    """
+
+    dim: int
+    singular_values: np.ndarray
+    coefficient_singular_values: np.ndarray
+    gram_eigenvalues: np.ndarray
+
+
+def channel_span(model: Any, inputs: Any, rtol: float = 1e-10) -> ChannelSpan:
+    """span{𝒲_ij(X) : j <= i, X in inputs} of a block with 𝒲_ij = U diag(g_ij) V, without 𝒲.
+
+    model: a causal SequenceMap with `coefficients(X)` (b, n, n, D) and `factors()` → U (p, D),
+    V (D, d) (lib.MambaBlock, lib.Mamba2Block); inputs as for `interaction_span`. The rows
+    vec 𝒲_ij = Mᵀ g_ij, M with rows vec(u_q v_qᵀ), have Gram G K Gᵀ with K = MMᵀ = (UᵀU) ⊙ (VVᵀ):
+    their singular values are those of G K^{1/2}, computed in O(n² D²) instead of O(n² p² d²).
+    The rank rule is `operator_span`'s.
+    """
+    rtol = check_rtol(rtol)
+    check_model(model)
+    if not (callable(getattr(model, "coefficients", None)) and callable(getattr(model, "factors", None))):
+        raise TypeError(f"model must have coefficients(X) and factors() (MambaBlock, Mamba2Block); "
+                        f"got {type(model).__name__}")
+    stacked = None
+    for X in _sequences(inputs, model.d, model.dtype):
+        with torch.no_grad():
+            g = model.coefficients(X)[0].to(torch.float64)
+        rows, cols = torch.tril_indices(g.shape[0], g.shape[0])
+        stacked = g[rows, cols] if stacked is None else torch.cat([stacked, g[rows, cols]])
+        if stacked.shape[0] > stacked.shape[1]:
+            stacked = torch.linalg.qr(stacked, mode="r").R
+    with torch.no_grad():
+        U, V = (t.detach().to(torch.float64) for t in model.factors())
+    lam, Q = torch.linalg.eigh((U.T @ U) * (V @ V.T))
+    root = (Q * lam.clamp(min=0).sqrt()) @ Q.T  # K^{1/2}; K is PSD, rounding may leave −1e-16
+    sigma = torch.linalg.svdvals(stacked @ root).numpy()
+    return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(stacked).numpy(), lam.numpy())

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from lib import (Dense, LinearSSM, SoftmaxAttention, interaction_rank, interaction_span, min_heads,
-                 operator_span)
+from lib import (Dense, LinearSSM, SequenceMap, SoftmaxAttention, channel_span, interaction_rank,
+                 interaction_span, min_heads, operator_span)
+from lib.spans import rank
 
 
 
@@ -167,3 +168,63 @@ def test_interaction_span_bad_input_names_the_argument(call, error, match):
     model = SoftmaxAttention.random(3, 3, heads=2, seed=0)
     with pytest.raises(error, match=match):
         call(model, np.random.default_rng(0).standard_normal((6, 3)))
+
+
+class _Channels(SequenceMap):
+    """A toy 𝒲_ij = U diag(g_ij) V with g_ij = tanh(P x_i) ⊙ (Q x_j) (j <= i): channel_span's test model."""
+
+    def __init__(self, U, V, P, Q):
+        super().__init__()
+        self.set_parameters(torch.float64, U=(U, "p D"), V=(V, "D d"), P=(P, "D d"), Q=(Q, "D d"))
+        self.p, self.D = self.U.shape
+        self.d = self.V.shape[1]
+
+    def factors(self):
+        return self.U, self.V
+
+    def coefficients(self, X):
+        n = X.shape[1]
+        g = torch.tanh(X @ self.P.T)[:, :, None] * (X @ self.Q.T)[:, None, :]
+        return g * torch.tril(torch.ones(n, n, dtype=X.dtype))[None, :, :, None]
+
+    def operator(self, X):
+        return torch.einsum("pq,bijq,qd->bijpd", self.U, self.coefficients(X), self.V)
+
+    def forward(self, X):
+        return torch.einsum("bijpd,bjd->bip", self.operator(X), X)
+
+
+def _toy(p, D, d, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for shape in ((p, D), (D, d), (D, d), (D, d))]
+
+
+@pytest.mark.parametrize("p, D, d", [(3, 4, 3), (4, 9, 3), (2, 5, 2), (5, 3, 4)])
+def test_channel_span_equals_the_dense_span(p, D, d):
+    # Independent route: the dense operator's blocks and operator_span's SVD.
+    model = _Channels(*_toy(p, D, d))
+    X = np.random.default_rng(1).standard_normal((2, 6, d))
+    dense, fast = interaction_span(model, X), channel_span(model, X)
+    assert fast.dim == dense.dim
+    top = min(len(dense.singular_values), len(fast.singular_values))
+    assert np.allclose(fast.singular_values[:top], dense.singular_values[:top], rtol=1e-9, atol=1e-12)
+    # D rank-one maps in p·d dimensions: independent iff D <= pd here (generic factors)
+    assert (fast.gram_eigenvalues[0] > 1e-10 * fast.gram_eigenvalues[-1]) == (D <= p * d)
+
+
+def test_channel_span_dependent_channels_and_rank_deficient_coefficients():
+    U, V, P, Q = _toy(3, 4, 3)
+    U[:, 1], V[1] = U[:, 0], V[0]  # u_2 v_2ᵀ = u_1 v_1ᵀ: K singular, dim < rank G
+    model = _Channels(U, V, P, Q)
+    X = np.random.default_rng(2).standard_normal((7, 3))
+    fast = channel_span(model, X)
+    assert fast.dim == interaction_span(model, X).dim == 3
+    assert rank(fast.coefficient_singular_values, 1e-10) == 4
+    P[2], Q[3] = 0.0, 0.0  # two channels silent: rank G = 2 (the two merged channels stay one)
+    silent = _Channels(U, V, P, Q)
+    assert channel_span(silent, X).dim == interaction_span(silent, X).dim == 1
+
+
+def test_channel_span_rejects_models_without_factors():
+    with pytest.raises(TypeError, match="coefficients"):
+        channel_span(Dense.random(2, 2), np.ones((3, 2)))
