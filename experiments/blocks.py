@@ -1,0 +1,103 @@
+"""The blocks chapter's set-ups: realistic layer shapes and inputs, the head count at X and its
+ε-spectrum, the Mamba-2 ablations, and the recipe that reads a `transformers` checkpoint.
+
+Inputs X are (b, n, d_model) float64 torch tensors. A checkpoint is read only when the reader
+asks for one (network); the build uses randomly initialised models of the same shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib import Mamba2Block, MambaBlock, channel_span
+from lib.heads import _tails
+
+# Layer shapes of the smallest published checkpoints (their config.json files):
+# state-spaces/mamba-130m-hf and state-spaces/mamba2-130m.
+MAMBA_130M = dict(d_model=768, d_state=16, d_conv=4, expand=2, dt_rank=48)
+MAMBA2_130M = dict(d_model=768, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1)
+
+
+def token_inputs(n: int, d_model: int, batch: int = 1, *, vocab: int = 1000, zipf: float = 1.1,
+                 seed: Any = 0) -> torch.Tensor:
+    """Text-like layer inputs X (batch, n, d_model): tokens drawn from a Zipf law over `vocab`
+    fixed random embeddings (N(0, 0.02²) entries, Mamba's embedding init), then the block's
+    pre-norm (RMSNorm, unit weight): each x_i has unit root-mean-square. Repeated tokens repeat
+    their vector, as in text."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(0.0, 0.02, size=(vocab, d_model))
+    weights = 1.0 / np.arange(1, vocab + 1) ** zipf
+    ids = rng.choice(vocab, size=(batch, n), p=weights / weights.sum())
+    X = table[ids]
+    return torch.from_numpy(X / np.sqrt((X ** 2).mean(-1, keepdims=True) + 1e-5))
+
+
+def heads_at(singular_values: np.ndarray, eps: float) -> int:
+    """H_ε: the least H whose best H heads leave a relative squared error <= eps,
+    Σ_{q>H} σ_q² <= eps Σ_q σ_q² ({prf:ref}`prop-channel-span`, part 3)."""
+    errors = _tails(np.asarray(singular_values, dtype=float) ** 2, len(singular_values))
+    return int(np.argmax(errors <= eps * errors[0]))
+
+
+def count_row(block: Any, X: torch.Tensor, epsilons: list[float], rtol: float = 1e-10) -> dict:
+    """One row of the head-count table: the exact count at X, H_ε, G's rank and K's conditioning."""
+    span = channel_span(block, X, rtol)
+    lam = span.gram_eigenvalues
+    b, n = (1, X.shape[0]) if X.ndim == 2 else X.shape[:2]
+    return ({"channels D": len(lam), "pairs (i, j)": b * n * (n + 1) // 2,
+             "heads at X": span.dim,
+             "rank G": int((span.coefficient_singular_values > rtol * span.coefficient_singular_values[0]).sum())}
+            | {f"H at ε={eps:g}": heads_at(span.singular_values, eps) for eps in epsilons}
+            | {"λmin(K)/λmax(K)": float(lam[0] / lam[-1])})
+
+
+def block_from_mixer(mixer: torch.nn.Module, dtype: torch.dtype = torch.float64) -> Any:
+    """A lib block with the weights of a `transformers` MambaMixer or Mamba2Mixer, loaded strictly
+    (a key or shape that does not match raises, naming it)."""
+    kind = type(mixer).__name__
+    if kind == "MambaMixer":
+        block = MambaBlock(mixer.hidden_size, mixer.ssm_state_size, mixer.conv_kernel_size,
+                           mixer.intermediate_size // mixer.hidden_size, mixer.time_step_rank,
+                           conv_bias=mixer.conv1d.bias is not None, bias=mixer.in_proj.bias is not None,
+                           dtype=dtype)
+    elif kind == "Mamba2Mixer":
+        block = Mamba2Block(mixer.hidden_size, mixer.ssm_state_size, mixer.conv_kernel_size,
+                            mixer.intermediate_size // mixer.hidden_size, mixer.head_dim, mixer.n_groups,
+                            bias=mixer.in_proj.bias is not None, conv_bias=mixer.conv1d.bias is not None,
+                            norm_eps=mixer.norm.variance_epsilon, dtype=dtype)
+    else:
+        raise TypeError(f"mixer must be a transformers MambaMixer or Mamba2Mixer; got {kind}")
+    state = {key: value.to(dtype) for key, value in mixer.state_dict().items()}
+    block.load_state_dict(state, strict=True)
+    return block
+
+
+def load_checkpoint(name: str, layer: int, text_ids: Any = None):
+    """(block, X): layer `layer`'s mixer of a `transformers` Mamba or Mamba-2 checkpoint (a hub
+    name such as "state-spaces/mamba-130m-hf", which needs a network, or a local directory) as a
+    lib block, and the inputs its mixer sees on the token ids `text_ids` (b, n)."""
+    from transformers import AutoModelForCausalLM  # imported here: the build never loads one
+
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    return block_and_inputs(model, layer, text_ids)
+
+
+def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any) -> tuple[Any, torch.Tensor]:
+    """(block, X) of a loaded `transformers` Mamba/Mamba-2 causal LM: its layer's mixer as a lib
+    block, and what that mixer receives (after the layer's pre-norm) on `text_ids`, captured by a
+    forward pre-hook (so the recipe does not depend on how hidden states are reported)."""
+    layers = model.backbone.layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(layers):
+        raise ValueError(f"layer must be an integer in [0, {len(layers)}); got {layer!r}")
+    mixer, seen = layers[layer].mixer, []
+    handle = mixer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]),
+                                             with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(torch.as_tensor(text_ids))
+    finally:
+        handle.remove()
+    return block_from_mixer(mixer), seen[0].detach().to(torch.float64)
