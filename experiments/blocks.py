@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib import Mamba2Block, MambaBlock, channel_span
+from lib import Mamba2Block, MambaBlock
 from lib.heads import _tails
+from lib.spans import rank
 
 # Layer shapes of the smallest published checkpoints (their config.json files):
 # state-spaces/mamba-130m-hf and state-spaces/mamba2-130m.
@@ -42,16 +43,37 @@ def heads_at(singular_values: np.ndarray, eps: float) -> int:
     return int(np.argmax(errors <= eps * errors[0]))
 
 
-def count_row(block: Any, X: torch.Tensor, epsilons: list[float], rtol: float = 1e-10) -> dict:
-    """One row of the head-count table: the exact count at X, H_ε, G's rank and K's conditioning."""
-    span = channel_span(block, X, rtol)
-    lam = span.gram_eigenvalues
-    b, n = (1, X.shape[0]) if X.ndim == 2 else X.shape[:2]
-    return ({"channels D": len(lam), "pairs (i, j)": b * n * (n + 1) // 2,
-             "heads at X": span.dim,
-             "rank G": int((span.coefficient_singular_values > rtol * span.coefficient_singular_values[0]).sum())}
+def count_row(span: Any, n: int, epsilons: list[float], rtol: float = 1e-10) -> dict:
+    """One row of the head-count table from a `channel_span` at one input of length n: the exact
+    count at X, the rank of Γ, H_ε for each ε, and K's conditioning."""
+    lam, sigma_g = span.gram_eigenvalues, span.coefficient_singular_values
+    return ({"channels D": len(lam), "pairs (i, j)": n * (n + 1) // 2, "heads at X": span.dim,
+             "rank Γ": rank(sigma_g, rtol)}
             | {f"H at ε={eps:g}": heads_at(span.singular_values, eps) for eps in epsilons}
             | {"λmin(K)/λmax(K)": float(lam[0] / lam[-1])})
+
+
+def _transformers():
+    # Imported on use (the build reads no checkpoint); quiet: no tqdm notice, no notice that the
+    # CUDA kernels are missing (the torch paths are the reference the book checks against).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import transformers
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def random_mamba_lm(layers: int, seed: Any = 0):
+    """A randomly initialised `transformers` MambaForCausalLM with state-spaces/mamba-130m-hf's
+    configuration (vocabulary 50280, d = 768, N = 16, step rank 48), cut to `layers` layers:
+    what the build runs the checkpoint recipe on (no network)."""
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    config = transformers.MambaConfig(vocab_size=50280, hidden_size=768, state_size=16, expand=2, conv_kernel=4,
+                         time_step_rank=48, num_hidden_layers=layers)
+    return transformers.MambaForCausalLM(config).eval()
 
 
 def block_from_mixer(mixer: torch.nn.Module, dtype: torch.dtype = torch.float64) -> Any:
@@ -79,9 +101,7 @@ def load_checkpoint(name: str, layer: int, text_ids: Any = None):
     """(block, X): layer `layer`'s mixer of a `transformers` Mamba or Mamba-2 checkpoint (a hub
     name such as "state-spaces/mamba-130m-hf", which needs a network, or a local directory) as a
     lib block, and the inputs its mixer sees on the token ids `text_ids` (b, n)."""
-    from transformers import AutoModelForCausalLM  # imported here: the build never loads one
-
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    model = _transformers().AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
     return block_and_inputs(model, layer, text_ids)
 
 
@@ -101,3 +121,32 @@ def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any) -> tuple
     finally:
         handle.remove()
     return block_from_mixer(mixer), seen[0].detach().to(torch.float64)
+
+
+def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:
+    """Singular values of Γ, the rows g_ij (j <= i) of one input's coefficients g (n, n, D)."""
+    rows, cols = torch.tril_indices(g.shape[0], g.shape[0])
+    return torch.linalg.svdvals(g[rows, cols].to(torch.float64)).numpy()
+
+
+def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
+    """Singular values of Γ for Mamba-2's coefficients g_ij = s_i ⊙ Σ_k w_k ⊙ κ_{i,j+k} ⊙ σ(c_{j+k})
+    ({prf:ref}`prop-mamba2-count`) with per-channel factors removed: "SSD core" (κ_ij alone,
+    constant on each head's channels), "+ gate" (s_i ⊙ κ_ij), "+ conv" (Σ_k w_k ⊙ κ_{i,j+k}),
+    "+ SiLU slope" (κ_ij ⊙ σ(c_j)), "block" (all). X: one input (n, d). The ablated matrices are
+    not blocks anyone builds: they say which factor lifts the count."""
+    with torch.no_grad():
+        P, s, c = block._pieces(X[None])
+        slope = torch.sigmoid(c)[:, None]
+        kappa, w, n = (P / slope)[0], block.taps(), X.shape[0]
+        s, slope = s[0][:, None], slope[0]
+
+        def convolve(Q: torch.Tensor) -> torch.Tensor:  # Σ_k w_k ⊙ Q[i, j + k], the conv's window
+            out = torch.zeros_like(Q)
+            for k in range(min(block.d_conv, n)):
+                out[:, :n - k] += w[k] * Q[:, k:]
+            return out
+
+        variants = {"SSD core": kappa, "+ gate": s * kappa, "+ conv": convolve(kappa),
+                    "+ SiLU slope": kappa * slope, "block": s * convolve(kappa * slope)}
+        return {name: coefficient_spectrum(g) for name, g in variants.items()}
