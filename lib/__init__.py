@@ -10,6 +10,7 @@ return numpy. `API` is the one list of public names: `__all__` and the API refer
 
 from .attention import LinearAttention, RelativeHeads, SoftmaxAttention
 from .base import SequenceMap, batched
+from .blocks import Mamba2Block, MambaBlock
 from .heads import (fit_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors, population_error,
                     truncated_heads)
 from .jacobians import jacobian_blocks, jacobian_norms
@@ -30,6 +31,7 @@ API = {
         "Dense", "FeedForward", "CausalConv1d", "KANLayer", "ElmanRNN", "LinearSSM", "SelectiveSSM", "SSD",
         "DiagonalSSM", "SharedStateSSM", "s4d_ssm", "s4d_continuous", "s4d_step", "SoftmaxAttention",
         "LinearAttention", "RelativeHeads", "Stack", "architecture_zoo"],
+    "Blocks as built": ["MambaBlock", "Mamba2Block"],
     "Operator spans": ["operator_span", "interaction_span", "interaction_rank", "channel_span"],
     "Head counts": [
         "min_heads", "heads_from_ssm", "optimal_head_errors", "truncated_heads", "heads_needed",

@@ -77,11 +77,17 @@ def relative_error(actual: Any, expected: Any) -> float:
 
 
 def identity_error(model: Any, X: Any) -> float:
-    """relative_error of Σ_j 𝒲_ij(X) x_j against model(X): rounding for every model of the book.
+    """relative_error of Σ_j 𝒲_ij(X) x_j (+ β_i(X)) against model(X): rounding for every model of the book.
 
+    A model with a method `offset(X)` (an affine map: the blocks of `lib.blocks`, whose biases give
+    y_i = Σ_j 𝒲_ij(X) x_j + β_i(X)) has β added; every other model is compared without one.
     model: a SequenceMap; X: (n, d) or (b, n, d), numpy or torch.
     """
     check_model(model)
     X = as_tensor(X, "X", model.dtype)
     with torch.no_grad():
-        return relative_error(apply_operator(model.operator(X), X), model(X))
+        Y = apply_operator(model.operator(X), X)
+        offset = getattr(model, "offset", None)
+        if callable(offset):
+            Y = Y + as_tensor(offset(X), "offset", torch.float64).numpy()
+        return relative_error(Y, model(X))

@@ -20,7 +20,9 @@ SSD (Mamba-2), one scalar decay per head h, state N × P per head (lib.ssm.SSD, 
 
 `ssd_chunked`: Mamba-2's block decomposition; `ssd_quadratic`: its dual (attention-like)
 form; `ssd_loop`: the reference.  These use plain torch ops, so autograd differentiates
-them.  Every route agrees with its loop to rounding.
+them.  Every route agrees with its loop to rounding.  B, C are shared by all heads, shape
+(b, n, N), or per group, shape (b, n, G, N) with G dividing H: group g serves the H/G
+consecutive heads gH/G, …, (g+1)H/G − 1 (Mamba-2's ngroups; lib.blocks.Mamba2Block).
 """
 
 from __future__ import annotations
@@ -63,14 +65,24 @@ def selective_loop(delta, A, B, C, x):
     return torch.einsum("...cn,...n->...c", affine_loop(decay, drive), C)
 
 
+def _per_head(B: torch.Tensor, H: int) -> torch.Tensor:
+    """B or C of SSD as (b, n, H, N): shared (b, n, N), or per group (b, n, G, N), G | H."""
+    if B.ndim == 3:
+        return B[:, :, None, :].expand(B.shape[0], B.shape[1], H, B.shape[2])
+    return B.repeat_interleave(H // B.shape[2], dim=2)
+
+
 def ssd_loop(delta, A, B, C, x):
     """y of SSD by the sequential loop (before W_O).
 
-    Args: delta (b, n, H); A (H,); B, C (b, n, N); x (b, n, H, P).  Returns y (b, n, H, P).
+    Args: delta (b, n, H); A (H,); B, C (b, n, N) or (b, n, G, N); x (b, n, H, P).
+    Returns y (b, n, H, P).
     """
+    H = x.shape[2]
+    B, C = _per_head(B, H), _per_head(C, H)
     decay = torch.exp(delta * A)[..., None, None]                   # (b, n, H, 1, 1)
-    drive = B[..., None, :, None] * (delta[..., None] * x)[..., None, :]  # (b, n, H, N, P)
-    return torch.einsum("...hnp,...n->...hp", affine_loop(decay, drive), C)
+    drive = B[..., None] * (delta[..., None] * x)[..., None, :]     # (b, n, H, N, P)
+    return torch.einsum("...hnp,...hn->...hp", affine_loop(decay, drive), C)
 
 
 def lti_loop(A, B, C, X):
@@ -392,9 +404,11 @@ def ssd_chunked(delta, A, B, C, x, chunk: int = 32):
     (the log-depth `_carry` of the selective scan), read out by C_i Π_{t<=i in chunk} a_t.
     Every exponent is a sum of Δ·A <= 0, so nothing overflows.  Plain torch ops: autograd.
 
-    Args: delta (b, n, H); A (H,); B, C (b, n, N); x (b, n, H, P).  Returns y (b, n, H, P).
+    Args: delta (b, n, H); A (H,); B, C (b, n, N) or (b, n, G, N); x (b, n, H, P).
+    Returns y (b, n, H, P).
     """
     b, n, H, P = x.shape
+    grouped = B.ndim == 4
     Q = min(chunk, n)
     K = -(-n // Q)
     if K * Q > n:  # Δ = 0, x = 0 on the padding: decay 1, no input
@@ -402,7 +416,10 @@ def ssd_chunked(delta, A, B, C, x, chunk: int = 32):
         delta, B, C, x = (torch.cat([z, z.new_zeros(b, pad, *z.shape[2:])], 1) for z in (delta, B, C, x))
     log2_a = (delta * (A * LOG2E)).reshape(b, K, Q, H).transpose(2, 3)        # (b, K, H, Q)
     X = (delta[..., None] * x).reshape(b, K, Q, H, P).transpose(2, 3)         # Δ_j x_j, (b, K, H, Q, P)
-    Bc, Cc = B.reshape(b, K, 1, Q, -1), C.reshape(b, K, 1, Q, -1)             # (b, K, 1, Q, N)
+    if grouped:                                                               # (b, K, H, Q, N)
+        Bc, Cc = (_per_head(z, H).reshape(b, K, Q, H, -1).transpose(2, 3) for z in (B, C))
+    else:                                                                     # (b, K, 1, Q, N)
+        Bc, Cc = B.reshape(b, K, 1, Q, -1), C.reshape(b, K, 1, Q, -1)
     decay = _decay_matrix(log2_a)                                             # (b, K, H, Q, Q)
     y = ((Cc @ Bc.mT) * decay) @ X                                            # inside each chunk
     # Each chunk's final state from zero: Σ_j Π_{t>j} a_t B_j X_jᵀ (the last row of decay).
@@ -421,7 +438,12 @@ def ssd_quadratic(delta, A, B, C, x):
     Args: as `ssd_chunked`.  Time and memory O(H n²).
     """
     decay = _decay_matrix((delta * (A * LOG2E)).transpose(1, 2))              # (b, H, n, n)
-    scores = (C @ B.mT)[:, None] * decay
+    if B.ndim == 4:                                                           # per group
+        H = x.shape[2]
+        B, C = (_per_head(z, H).transpose(1, 2) for z in (B, C))             # (b, H, n, N)
+        scores = (C @ B.mT) * decay
+    else:
+        scores = (C @ B.mT)[:, None] * decay
     return (scores @ (delta[..., None] * x).transpose(1, 2)).transpose(1, 2)
 
 

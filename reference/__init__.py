@@ -650,3 +650,115 @@ def mapped_spectral_radius(A_c, step, method):
 def column_error(actual, reference):
     """Largest relative error over the columns of a matrix (each relative to its own norm)."""
     return itemwise_error(np.asarray(actual).T, np.asarray(reference).T, 1)
+
+
+# -- prop-mamba-block, prop-mamba2-block: the blocks as built --------------------------------------
+#
+# P: a dict of numpy arrays named as the modules' state dicts (in_proj.weight, conv1d.weight, …;
+# a bias that is absent is missing from P). Tap k of the conv, w_k = conv1d.weight[:, 0, K−1−k],
+# multiplies u_{m−k} in output m; tokens before position 1 are zero.
+
+
+def _bias(P, name, size):
+    return P.get(name, np.zeros(size))
+
+
+def block_conv(P, U):
+    """c_m = Σ_{k<=min(K−1, m)} w_k ⊙ u_{m−k} + conv bias, for all conv channels; U (n, channels)."""
+    W = P["conv1d.weight"][:, 0, :]
+    K, (n, width) = W.shape[1], U.shape
+    c = np.tile(_bias(P, "conv1d.bias", width), (n, 1))
+    for m in range(n):
+        for k in range(min(K, m + 1)):
+            c[m] += W[:, K - 1 - k] * U[m - k]
+    return c
+
+
+def _block_coefficients(P, kappa, c, scale, x_rows, X):
+    """g_ij = s_i ⊙ Σ_k w_k ⊙ κ_{i,j+k} ⊙ σ(c_{j+k}) (j + k <= i) and
+    β_i = U(s_i ⊙ Σ_m κ_im ⊙ σ(c_m) ⊙ e_m) + out bias, e_m = conv bias + Σ_{k<=min(K−1,m)} w_k ⊙ x-bias."""
+    n, D = kappa.shape[0], kappa.shape[2]
+    W = P["conv1d.weight"][:D, 0, :]
+    K = W.shape[1]
+    x_bias = _bias(P, "in_proj.bias", P["in_proj.weight"].shape[0])[x_rows]
+    g = np.zeros((n, n, D))
+    beta = np.zeros((n, P["out_proj.weight"].shape[0]))
+    for i in range(n):
+        inner = np.zeros(D)
+        for m in range(i + 1):
+            e = _bias(P, "conv1d.bias", W.shape[0])[:D] + sum(W[:, K - 1 - k] * x_bias for k in range(min(K, m + 1)))
+            inner += kappa[i, m] * sigmoid(c[m]) * e
+            for k in range(K):
+                if m - k >= 0:
+                    g[i, m - k] += scale[i] * W[:, K - 1 - k] * kappa[i, m] * sigmoid(c[m])
+        beta[i] = P["out_proj.weight"] @ (scale[i] * inner) + _bias(P, "out_proj.bias", len(beta[i]))
+    return g, beta
+
+
+def mamba_block(P, X):
+    """prop-mamba-block, one sequence X (n, d): (y by the recurrence (n, d), g (n, n, d_inner), β (n, d))."""
+    D, (R_N2, _) = P["D"].shape[0], P["x_proj.weight"].shape
+    N = P["A_log"].shape[1]
+    R = R_N2 - 2 * N
+    proj = X @ P["in_proj.weight"].T + _bias(P, "in_proj.bias", 2 * D)
+    u, z = proj[:, :D], proj[:, D:]
+    c = block_conv(P, u)
+    v = silu(c)
+    low = v @ P["x_proj.weight"].T
+    delta = softplus(low[:, :R] @ P["dt_proj.weight"].T + P["dt_proj.bias"])
+    Bt, Ct, A = low[:, R:R + N], low[:, R + N:], -np.exp(P["A_log"])
+    n = len(X)
+    state, o = np.zeros((D, N)), np.zeros((n, D))
+    for t in range(n):
+        state = np.exp(delta[t][:, None] * A) * state + (delta[t] * v[t])[:, None] * Bt[t]
+        o[t] = state @ Ct[t] + P["D"] * v[t]
+    y = (o * silu(z)) @ P["out_proj.weight"].T + _bias(P, "out_proj.bias", X.shape[1])
+    kappa = np.zeros((n, n, D))
+    for i in range(n):
+        for m in range(i + 1):
+            product = np.ones((D, N))
+            for t in range(m + 1, i + 1):
+                product = product * np.exp(delta[t][:, None] * A)
+            kappa[i, m] = (product * delta[m][:, None] * Bt[m]) @ Ct[i] + (P["D"] if m == i else 0)
+    g, beta = _block_coefficients(P, kappa, c, silu(z), slice(0, D), X)
+    return y, g, beta
+
+
+def mamba2_block(P, X, headdim, ngroups, eps):
+    """prop-mamba2-block, one sequence X (n, d): (y by the recurrence, g (n, n, d_inner), β (n, d))."""
+    H, D = P["A_log"].shape[0], P["out_proj.weight"].shape[1]
+    GN = (P["conv1d.weight"].shape[0] - D) // 2
+    N = GN // ngroups
+    proj = X @ P["in_proj.weight"].T + _bias(P, "in_proj.bias", P["in_proj.weight"].shape[0])
+    z, xBC, dt = proj[:, :D], proj[:, D:2 * D + 2 * GN], proj[:, 2 * D + 2 * GN:]
+    pre = block_conv(P, xBC)
+    act = silu(pre)
+    v, Bt, Ct = act[:, :D], act[:, D:D + GN], act[:, D + GN:]
+    delta, a = softplus(dt + P["dt_bias"]), -np.exp(P["A_log"])
+    n = len(X)
+    group = lambda h: h // (H // ngroups)                                   # the group serving head h
+    ch = lambda h: slice(h * headdim, (h + 1) * headdim)
+    BN = lambda t, h: Bt[t, group(h) * N:(group(h) + 1) * N]
+    CN = lambda t, h: Ct[t, group(h) * N:(group(h) + 1) * N]
+    o, states = np.zeros((n, D)), [np.zeros((N, headdim)) for _ in range(H)]
+    for t in range(n):
+        for h in range(H):
+            states[h] = np.exp(delta[t, h] * a[h]) * states[h] + delta[t, h] * np.outer(BN(t, h), v[t, ch(h)])
+            o[t, ch(h)] = states[h].T @ CN(t, h) + P["D"][h] * v[t, ch(h)]
+    r = o * silu(z)
+    size = D // ngroups
+    inv_rms = np.zeros((n, D))
+    for t in range(n):
+        for gr in range(ngroups):
+            part = slice(gr * size, (gr + 1) * size)
+            inv_rms[t, part] = 1 / np.sqrt(np.mean(r[t, part] ** 2) + eps)
+    y = (P["norm.weight"] * r * inv_rms) @ P["out_proj.weight"].T + _bias(P, "out_proj.bias", X.shape[1])
+    kappa = np.zeros((n, n, D))
+    for i in range(n):
+        for m in range(i + 1):
+            for h in range(H):
+                decay = np.prod([np.exp(delta[t, h] * a[h]) for t in range(m + 1, i + 1)])
+                kappa[i, m, ch(h)] = CN(i, h) @ BN(m, h) * delta[m, h] * decay + (P["D"][h] if m == i else 0)
+    scale = P["norm.weight"] * inv_rms * silu(z)
+    g, beta = _block_coefficients(P, kappa, pre[:, :D], scale, slice(D, 2 * D), X)
+    return y, g, beta
