@@ -26,8 +26,8 @@ def token_inputs(n: int, d_model: int, batch: int = 1, *, vocab: int = 1000, zip
                  seed: Any = 0) -> torch.Tensor:
     """Text-like layer inputs X (batch, n, d_model): tokens drawn from a Zipf law over `vocab`
     fixed random embeddings (N(0, 0.02²) entries, Mamba's embedding init), then the block's
-    pre-norm (RMSNorm, unit weight): each x_i has unit root-mean-square. Repeated tokens repeat
-    their vector, as in text."""
+    pre-norm (RMSNorm, unit weight, eps 1e-5): each x_i has root-mean-square just below 1 (the eps
+    is ~2.5 % of an entry's 0.02²). Repeated tokens repeat their vector, as in text."""
     rng = np.random.default_rng(seed)
     table = rng.normal(0.0, 0.02, size=(vocab, d_model))
     weights = 1.0 / np.arange(1, vocab + 1) ** zipf

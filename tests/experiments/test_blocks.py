@@ -1,0 +1,114 @@
+"""The blocks chapter's set-ups (experiments.blocks): inputs, H_ε, Mamba-2's factors, the checkpoint recipe.
+
+Independent references: a brute-force H_ε, the coefficients of the block itself, transformers'
+own mixers and models (random, offline, saved to a temporary directory and read back through
+the recipe), and the residual identity of a transformers layer.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.blocks import (_transformers, block_and_inputs, block_from_mixer, coefficient_spectrum,
+                                count_row, heads_at, load_checkpoint, mamba2_factors, token_inputs)
+from lib import Mamba2Block, MambaBlock, channel_span
+from lib.spans import rank
+
+transformers = _transformers()
+
+
+def test_token_inputs_have_unit_rms_and_repeat_tokens():
+    X = token_inputs(50, 12, batch=3, vocab=20, seed=1)
+    assert X.shape == (3, 50, 12) and X.dtype == torch.float64
+    rms = X.pow(2).mean(-1).sqrt()
+    assert bool(((rms > 0.9) & (rms < 1)).all())  # eps 1e-5 against mean squares near 0.02²
+    assert len(torch.unique(X[0], dim=0)) < 50  # a Zipf law over 20 tokens repeats some
+    assert torch.equal(X, token_inputs(50, 12, batch=3, vocab=20, seed=1))
+
+
+def test_heads_at_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        sigma = np.sort(rng.exponential(size=rng.integers(1, 12)) ** 3)[::-1]
+        for eps in (0.5, 1e-2, 1e-6):
+            brute = min(H for H in range(len(sigma) + 1) if (sigma[H:] ** 2).sum() <= eps * (sigma ** 2).sum())
+            assert heads_at(sigma, eps) == brute
+    assert heads_at(np.array([1.0, 0.0, 0.0]), 1e-12) == 1
+
+
+def test_count_row_reads_the_span():
+    block = MambaBlock(8, d_state=4, seed=0)
+    X = token_inputs(6, 8, seed=0)[0]
+    span = channel_span(block, X)
+    row = count_row(span, 6, [1e-2])
+    assert row["pairs (i, j)"] == 21 and row["channels D"] == 16
+    assert row["heads at X"] == span.dim == rank(span.singular_values, 1e-10)
+    assert row["H at ε=0.01"] == heads_at(span.singular_values, 1e-2) <= span.dim
+
+
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_mamba2_factors_block_is_the_blocks_coefficients(n):
+    block = Mamba2Block(8, d_state=4, headdim=4, seed=1)
+    X = torch.from_numpy(np.random.default_rng(n).standard_normal((n, 8)))
+    factors = mamba2_factors(block, X)
+    with torch.no_grad():
+        direct = coefficient_spectrum(block.coefficients(X))
+    assert np.allclose(factors["block"], direct, rtol=1e-10, atol=1e-14 * direct[0])
+    H = block.nheads
+    assert rank(factors["SSD core"], 1e-10) <= H and rank(factors["+ conv"], 1e-10) <= block.d_conv * H
+
+
+def _mamba_lm(layers=2):
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(vocab_size=50, hidden_size=16, state_size=4, num_hidden_layers=layers,
+                                      time_step_rank=3)
+    return transformers.MambaForCausalLM(config).eval()
+
+
+def test_block_from_mixer_loads_strictly_and_agrees():
+    model = _mamba_lm()
+    mixer = model.backbone.layers[1].mixer
+    block = block_from_mixer(mixer)
+    X = torch.randn(2, 7, 16, dtype=torch.float64)
+    with torch.no_grad():
+        ours, theirs = block(X), mixer(X.float()).double()
+    assert (ours - theirs).norm() / theirs.norm() < 1e-5  # the reference runs in float32
+    torch.manual_seed(0)
+    config2 = transformers.Mamba2Config(vocab_size=50, hidden_size=16, state_size=4, num_heads=4, head_dim=8,
+                                        n_groups=2, num_hidden_layers=1, expand=2)
+    mixer2 = transformers.Mamba2ForCausalLM(config2).eval().backbone.layers[0].mixer
+    with torch.no_grad():
+        ours2, theirs2 = block_from_mixer(mixer2)(X), mixer2(X.float()).double()
+    assert (ours2 - theirs2).norm() / theirs2.norm() < 1e-5
+
+
+def test_block_from_mixer_names_what_does_not_match():
+    mixer = _mamba_lm().backbone.layers[0].mixer
+    mixer.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
+    with pytest.raises(RuntimeError, match='Unexpected key.*"extra"'):
+        block_from_mixer(mixer)
+    mixer = _mamba_lm().backbone.layers[0].mixer
+    mixer.time_step_rank = 2  # the block is built with rank 2; the weights have rank 3
+    with pytest.raises(RuntimeError, match="size mismatch for x_proj.weight"):
+        block_from_mixer(mixer)
+    with pytest.raises(TypeError, match="mixer must be"):
+        block_from_mixer(torch.nn.Linear(2, 2))
+
+
+def test_the_recipe_reads_a_saved_checkpoint(tmp_path):
+    # The same path as a hub checkpoint: from_pretrained on a directory, offline.
+    model = _mamba_lm(layers=3)
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    block, X = load_checkpoint(str(tmp_path), 1, ids)
+    assert isinstance(block, MambaBlock) and X.shape == (2, 9, 16) and X.dtype == torch.float64
+    # X is what layer 1's mixer receives: its pre-norm of layer 0's output (the residual stream)
+    layers = model.backbone.layers
+    with torch.no_grad():
+        h = layers[0](model.backbone.embeddings(ids))
+        h = h[0] if isinstance(h, tuple) else h
+        expected = layers[1].norm(h)
+        assert torch.allclose(X.float(), expected, atol=1e-6)
+        assert torch.allclose(block(X).float(), layers[1].mixer(expected), atol=1e-5)
+    with pytest.raises(ValueError, match="layer must be an integer in \\[0, 3\\)"):
+        block_and_inputs(model, 3, ids)
