@@ -46,16 +46,23 @@ def test_count_row_reads_the_span():
     assert row["H at ε=0.01"] == heads_at(span.singular_values, 1e-2) <= span.dim
 
 
-@pytest.mark.parametrize("n", [1, 3, 9])
-def test_mamba2_factors_block_is_the_blocks_coefficients(n):
+@pytest.mark.parametrize("n", [1, 3, 9, 20])
+def test_prop_mamba2_count_factors_and_bounds(n):
+    # Four heads of width 4, K = 4 taps: every bound of the proposition, at lengths below and
+    # above H and KH; the "block" variant must be the block's own coefficients.
     block = Mamba2Block(8, d_state=4, headdim=4, seed=1)
     X = torch.from_numpy(np.random.default_rng(n).standard_normal((n, 8)))
     factors = mamba2_factors(block, X)
     with torch.no_grad():
         direct = coefficient_spectrum(block.coefficients(X))
     assert np.allclose(factors["block"], direct, rtol=1e-10, atol=1e-14 * direct[0])
-    H = block.nheads
-    assert rank(factors["SSD core"], 1e-10) <= H and rank(factors["+ conv"], 1e-10) <= block.d_conv * H
+    H, K, D = block.nheads, block.d_conv, block.d_inner
+    row = sum(min(i, H) for i in range(1, n + 1))
+    bounds = {"SSD core": H, "+ conv": K * H, "+ gate": row, "+ SiLU slope": row, "block": D}
+    for name, bound in bounds.items():
+        assert rank(factors[name], 1e-10) <= min(bound, n * (n + 1) // 2), name
+    if n >= 9:  # enough pairs: the core's and the conv's bounds are attained on this random block
+        assert rank(factors["SSD core"], 1e-10) == H and rank(factors["+ conv"], 1e-10) == min(K * H, D)
 
 
 def _mamba_lm(layers=2):

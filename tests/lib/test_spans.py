@@ -200,7 +200,7 @@ def _toy(p, D, d, seed=0):
 
 
 @pytest.mark.parametrize("p, D, d", [(3, 4, 3), (4, 9, 3), (2, 5, 2), (5, 3, 4)])
-def test_channel_span_equals_the_dense_span(p, D, d):
+def test_prop_channel_span_equals_the_dense_span(p, D, d):
     # Independent route: the dense operator's blocks and operator_span's SVD.
     model = _Channels(*_toy(p, D, d))
     X = np.random.default_rng(1).standard_normal((2, 6, d))
