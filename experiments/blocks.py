@@ -130,15 +130,15 @@ def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:
 
 
 def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
-    """Singular values of Γ for Mamba-2's coefficients g_ij = s_i ⊙ Σ_k w_k ⊙ κ_{i,j+k} ⊙ σ(c_{j+k})
-    ({prf:ref}`prop-mamba2-count`) with per-channel factors removed: "SSD core" (κ_ij alone,
-    constant on each head's channels), "+ gate" (s_i ⊙ κ_ij), "+ conv" (Σ_k w_k ⊙ κ_{i,j+k}),
-    "+ SiLU slope" (κ_ij ⊙ σ(c_j)), "block" (all). X: one input (n, d). The ablated matrices are
+    """Singular values of Γ for Mamba-2's coefficients g_ij = s_i ⊙ Σ_k w_k ⊙ ψ_{i,j+k} ⊙ σ(c_{j+k})
+    ({prf:ref}`prop-mamba2-count`) with per-channel factors removed: "SSD core" (ψ_ij alone,
+    constant on each head's channels), "+ gate" (s_i ⊙ ψ_ij), "+ conv" (Σ_k w_k ⊙ ψ_{i,j+k}),
+    "+ SiLU slope" (ψ_ij ⊙ σ(c_j)), "block" (all). X: one input (n, d). The ablated matrices are
     not blocks anyone builds: they say which factor lifts the count."""
     with torch.no_grad():
         P, s, c = block._pieces(X[None])
         slope = torch.sigmoid(c)[:, None]
-        kappa, w, n = (P / slope)[0], block.taps(), X.shape[0]
+        psi, w, n = (P / slope)[0], block.taps(), X.shape[0]
         s, slope = s[0][:, None], slope[0]
 
         def convolve(Q: torch.Tensor) -> torch.Tensor:  # Σ_k w_k ⊙ Q[i, j + k], the conv's window
@@ -147,6 +147,6 @@ def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
                 out[:, :n - k] += w[k] * Q[:, k:]
             return out
 
-        variants = {"SSD core": kappa, "+ gate": s * kappa, "+ conv": convolve(kappa),
-                    "+ SiLU slope": kappa * slope, "block": s * convolve(kappa * slope)}
+        variants = {"SSD core": psi, "+ gate": s * psi, "+ conv": convolve(psi),
+                    "+ SiLU slope": psi * slope, "block": s * convolve(psi * slope)}
         return {name: coefficient_spectrum(g) for name, g in variants.items()}
