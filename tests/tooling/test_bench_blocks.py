@@ -1,0 +1,45 @@
+"""benchmarks/bench_blocks.py: its baseline, ssd_minimal_discrete as written out there, is the
+SSD map (against lib's step-by-step loop, with groups and with padding-free lengths only, as
+the reference requires). No timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib.scan import ssd_loop
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmark module (its harness pins thread variables at import: restored after)."""
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_blocks
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return bench_blocks
+
+
+@pytest.mark.parametrize("G, H, block_len", [(1, 3, 4), (2, 4, 3), (4, 4, 12)])
+def test_ssd_minimal_discrete_is_the_ssd_map(bench, G, H, block_len):
+    g = torch.Generator().manual_seed(G + H)
+    b, L, P, N = 2, 12, 3, 5
+    x = torch.randn(b, L, H, P, generator=g, dtype=torch.float64)
+    delta = torch.nn.functional.softplus(torch.randn(b, L, H, generator=g, dtype=torch.float64))
+    A = -torch.exp(torch.randn(H, generator=g, dtype=torch.float64))
+    B, C = (torch.randn(b, L, G, N, generator=g, dtype=torch.float64) for _ in range(2))
+    minimal = bench.ssd_minimal_discrete(x * delta[..., None], A * delta, B, C, block_len)
+    assert torch.allclose(minimal, ssd_loop(delta, A, B, C, x), rtol=1e-12, atol=1e-12)
