@@ -344,3 +344,7 @@ def test_prop_mamba_block_at_zero_the_jacobian_sees_the_gate_projection_the_oper
             expected[i, i] = block.out_proj.weight @ torch.diag(scale[i]) @ W_z
         assert torch.linalg.vector_norm(expected) > 1e-3
         assert relative_error(J, expected) < 1e-10
+    bare = perturbed(cls(4, 3, bias=False, conv_bias=False, **kwargs), 2)      # no biases: both are 0 at 0
+    J = torch.autograd.functional.jacobian(lambda Z: bare(Z, method="scan"), X)
+    with torch.no_grad():
+        assert torch.count_nonzero(J) == 0 and torch.count_nonzero(bare.operator(X)) == 0
