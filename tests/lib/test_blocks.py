@@ -348,3 +348,14 @@ def test_prop_mamba_block_at_zero_the_jacobian_sees_the_gate_projection_the_oper
     J = torch.autograd.functional.jacobian(lambda Z: bare(Z, method="scan"), X)
     with torch.no_grad():
         assert torch.count_nonzero(J) == 0 and torch.count_nonzero(bare.operator(X)) == 0
+
+
+def test_blocks_compute_in_float32_when_built_so():
+    for make in (lambda dt: MambaBlock(6, 3, seed=1, dtype=dt), lambda dt: Mamba2Block(6, 3, headdim=3, ngroups=2,
+                                                                                       seed=1, dtype=dt)):
+        low, high = make(torch.float32), make(F64)
+        X = inputs(2, 70, 6)
+        with torch.no_grad():
+            y = low(X.float())
+            assert y.dtype == torch.float32 and low.coefficients(X[:, :5].float()).dtype == torch.float32
+            assert relative_error(y, high(X)) < 1e-5
