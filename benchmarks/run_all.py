@@ -28,7 +28,6 @@ SCRIPTS = {
     "heads": "bench_heads.py",
     "gradients": "bench_gradients.py",
     "forward": "bench_forward.py",
-    "blocks": "bench_blocks.py",
     "book": "bench_book.py",
 }
 
