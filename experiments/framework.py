@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 import reference as ref
-from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM,
-                 SelectiveSSM, SoftmaxAttention, operator_span)
+from lib import (SSD, CausalConv1d, Dense, ElmanRNN, FeedForward, KANLayer, LinearAttention, LinearSSM, Mamba2Block,
+                 MambaBlock, SelectiveSSM, SoftmaxAttention, operator_span, relative_error)
 
 TOLERANCE = 1e-10  # on every per-item error, for every input family (and the impulses)
 
@@ -719,3 +719,107 @@ def block_patterns(ssm, head, X: np.ndarray) -> list[dict]:
                 "head gap": float(np.abs(W_head[i, j] - alpha[i, j] * V).max() / scale_head),
             })
     return rows
+
+
+# -- prop-mamba-block, prop-mamba2-block: the blocks as built ----------------------------------------
+
+
+def moved(block, seed: int, scale: float = 0.3):
+    """The block with every parameter moved by iid N(0, scale²) (A_log, D, the norm's weight too),
+    so that no check rests on the initialisation's special values (A_log = log(1..N), D = 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return block
+
+
+def built_blocks(d: int, state: int, seed: int, chunk: int = 5) -> dict:
+    """name -> block: Mamba and Mamba-2 (2 groups, heads of width 2, SSD chunks of `chunk`), each
+    without biases and with all of them, parameters moved off the initialisation."""
+    blocks = {}
+    for k, bias in enumerate((False, True)):
+        tag = "biases" if bias else "no biases"
+        blocks[f"Mamba, {tag}"] = moved(MambaBlock(d, state, bias=bias, conv_bias=bias, seed=seed + k), seed + 10 + k)
+        blocks[f"Mamba-2, 2 groups, {tag}"] = moved(
+            Mamba2Block(d, state, headdim=2, ngroups=2, bias=bias, conv_bias=bias, chunk_size=chunk, seed=seed + k),
+            seed + 20 + k)
+    return blocks
+
+
+def block_families(families: dict[str, np.ndarray], d: int, K: int, chunk: int, rng) -> dict[str, np.ndarray]:
+    """The chapter's input families plus the blocks' edges: all zero, n < d_conv, n = chunk + 1."""
+    batch = len(families["random"])
+    return families | {"zero": np.zeros((batch, 5, d)), "n < d_conv": rng.standard_normal((batch, K - 1, d)),
+                       "n = chunk + 1": rng.standard_normal((batch, chunk + 1, d))}
+
+
+def block_reference(block, X: np.ndarray):
+    """(y, g, β) of one sequence by the numpy transcription of the block's proposition."""
+    P = {name: value.numpy(force=True) for name, value in block.state_dict().items()}
+    if isinstance(block, MambaBlock):
+        return ref.mamba_block(P, X)
+    return ref.mamba2_block(P, X, block.headdim, block.ngroups, block.norm.eps)
+
+
+def block_rows(blocks: dict, families: dict[str, np.ndarray], checked: int = 3) -> list[dict]:
+    """Per block and input family: the identity error Σ_j 𝒲_ij x_j + β_i against lib's fast route
+    ("scan") over the batch, and the largest per-item relative error of lib's g, β and forward
+    against numpy on the first `checked` sequences (the numpy loops are slow). Both per item."""
+    rows = []
+    for name, block in blocks.items():
+        for family, inputs in families.items():
+            X = torch.from_numpy(inputs)
+            with torch.no_grad():
+                g, beta, y = block.coefficients(X), block.offset(X), block(X, method="scan")
+                U, V = (M.numpy() for M in block.factors())
+                W = np.einsum("pq,bijq,qd->bijpd", U, g.numpy(), V)       # = block.operator(X)
+                identity = ref.itemwise_error(np.einsum("bijpd,bjd->bip", W, inputs) + beta.numpy(), y.numpy(), 1)
+                g = g.numpy()
+            formula = 0.0
+            for b, x in enumerate(inputs[:checked]):
+                y_ref, g_ref, beta_ref = block_reference(block, x)
+                formula = max(formula, ref.itemwise_error(g[b], g_ref, 1), ref.itemwise_error(beta[b].numpy(), beta_ref, 1),
+                              ref.itemwise_error(y[b].numpy(), y_ref, 1))
+            rows.append({"block": name, "inputs": family, "n": inputs.shape[1], "identity error": identity,
+                         "formula error": formula})
+    return rows
+
+
+def transformers_rows(blocks: dict, batch: int, n: int, seed: int) -> list[dict]:
+    """Each block against transformers' MambaMixer / Mamba2Mixer (torch path, offline, random config,
+    the block's state dict loaded strictly): the relative error of the outputs on one batch."""
+    from transformers import Mamba2Config, MambaConfig
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+    rows = []
+    for k, (name, block) in enumerate(blocks.items()):
+        bias, conv_bias = block.in_proj.bias is not None, block.conv1d.bias is not None
+        if isinstance(block, MambaBlock):
+            config = MambaConfig(hidden_size=block.d_model, state_size=block.d_state, conv_kernel=block.d_conv,
+                                 intermediate_size=block.d_inner, time_step_rank=block.dt_rank, use_bias=bias,
+                                 use_conv_bias=conv_bias)
+            mixer = MambaMixer(config, layer_idx=0)
+        else:
+            config = Mamba2Config(hidden_size=block.d_model, state_size=block.d_state, conv_kernel=block.d_conv,
+                                  expand=block.d_inner // block.d_model, num_heads=block.nheads,
+                                  head_dim=block.headdim, n_groups=block.ngroups, use_bias=bias,
+                                  use_conv_bias=conv_bias, chunk_size=block.chunk_size,
+                                  layer_norm_epsilon=block.norm.eps)
+            mixer = Mamba2Mixer(config, layer_idx=0)
+        mixer = mixer.to(torch.float64).eval()
+        mixer.load_state_dict(block.state_dict(), strict=True)
+        X = torch.from_numpy(np.random.default_rng(seed + k).standard_normal((batch, n, block.d)))
+        with torch.no_grad():
+            rows.append({"block": name, "reference": type(mixer).__name__,
+                         "relative error": relative_error(block(X, method="scan"), mixer(X))})
+    return rows
+
+
+def jacobian_gap(block, X: np.ndarray) -> float:
+    """‖J − 𝒲‖ / ‖J‖ at one sequence X (n, d): J by autograd through the block's fast forward."""
+    X = torch.from_numpy(X)
+    J = torch.autograd.functional.jacobian(lambda Z: block(Z, method="scan"), X).permute(0, 2, 1, 3)
+    with torch.no_grad():
+        return relative_error(block.operator(X), J)
