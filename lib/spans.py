@@ -12,7 +12,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 import torch
 
-from ._validation import as_tensor, check_real
+from ._validation import as_tensor, check_int, check_real
 from .base import check_model
 
 
@@ -106,8 +106,8 @@ class ChannelSpan(NamedTuple):
 
     dim: the numerical dimension of span{𝒲_ij}, the head count at the inputs; singular_values
     (≤ D,): those of the matrix of rows vec 𝒲_ij, descending; coefficient_singular_values: those
-    of G, the matrix of rows g_ij, alone; gram_eigenvalues (D,): of K = (UᵀU) ⊙ (VVᵀ), ascending
-    (K nonsingular: the D rank-one maps u_q v_qᵀ are independent and dim = rank G).
+    of Γ, the matrix of rows g_ij, alone; gram_eigenvalues (D,): of Ω = (UᵀU) ⊙ (VVᵀ), ascending
+    (Ω nonsingular: the D rank-one maps u_q v_qᵀ are independent and dim = rank Γ).
     """
 
     dim: int
@@ -116,16 +116,18 @@ class ChannelSpan(NamedTuple):
     gram_eigenvalues: np.ndarray
 
 
-def channel_span(model: Any, inputs: Any, rtol: float = 1e-10) -> ChannelSpan:
-    """span{𝒲_ij(X) : j <= i, X in inputs} of a block with 𝒲_ij = U diag(g_ij) V, without 𝒲.
+def channel_span(model: Any, inputs: Any, rtol: float = 1e-10, min_lag: int = 0) -> ChannelSpan:
+    """span{𝒲_ij(X) : i − j >= min_lag, X in inputs} of a block with 𝒲_ij = U diag(g_ij) V, without 𝒲.
 
     model: a causal SequenceMap with `coefficients(X)` (b, n, n, D) and `factors()` → U (p, D),
     V (D, d) (lib.MambaBlock, lib.Mamba2Block); inputs as for `interaction_span`. The rows
-    vec 𝒲_ij = Mᵀ g_ij, M with rows vec(u_q v_qᵀ), have Gram G K Gᵀ with K = MMᵀ = (UᵀU) ⊙ (VVᵀ):
-    their singular values are those of G K^{1/2}, computed in O(n² D²) instead of O(n² p² d²).
-    The rank rule is `operator_span`'s.
+    vec 𝒲_ij = Mᵀ g_ij, M with rows vec(u_q v_qᵀ), have Gram Γ Ω Γᵀ with Ω = MMᵀ = (UᵀU) ⊙ (VVᵀ):
+    their singular values are those of Γ Ω^{1/2}, computed in O(n² D²) instead of O(n² p² d²).
+    The rank rule is `operator_span`'s. min_lag > 0 keeps the pairs at lags i − j >= min_lag
+    (beyond a convolution's window, say); an input shorter than min_lag + 1 adds no pair.
     """
     rtol = check_rtol(rtol)
+    min_lag = check_int(min_lag, "min_lag", minimum=0)
     check_model(model)
     if not (callable(getattr(model, "coefficients", None)) and callable(getattr(model, "factors", None))):
         raise TypeError(f"model must have coefficients(X) and factors() (MambaBlock, Mamba2Block); "
@@ -134,13 +136,15 @@ def channel_span(model: Any, inputs: Any, rtol: float = 1e-10) -> ChannelSpan:
     for X in _sequences(inputs, model.d, model.dtype):
         with torch.no_grad():
             g = model.coefficients(X)[0].to(torch.float64)
-        rows, cols = torch.tril_indices(g.shape[0], g.shape[0])
+        rows, cols = torch.tril_indices(g.shape[0], g.shape[0], offset=-min_lag)
         stacked = g[rows, cols] if stacked is None else torch.cat([stacked, g[rows, cols]])
         if stacked.shape[0] > stacked.shape[1]:
             stacked = torch.linalg.qr(stacked, mode="r").R
+    if stacked.shape[0] == 0:
+        raise ValueError(f"inputs must have a pair at lag >= min_lag = {min_lag}; every input is shorter")
     with torch.no_grad():
         U, V = (t.detach().to(torch.float64) for t in model.factors())
     lam, Q = torch.linalg.eigh((U.T @ U) * (V @ V.T))
-    root = (Q * lam.clamp(min=0).sqrt()) @ Q.T  # K^{1/2}; K is PSD, rounding may leave −1e-16
+    root = (Q * lam.clamp(min=0).sqrt()) @ Q.T  # Ω^{1/2}; Ω is PSD, rounding may leave −1e-16
     sigma = torch.linalg.svdvals(stacked @ root).numpy()
     return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(stacked).numpy(), lam.numpy())

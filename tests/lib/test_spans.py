@@ -228,3 +228,22 @@ def test_channel_span_dependent_channels_and_rank_deficient_coefficients():
 def test_channel_span_rejects_models_without_factors():
     with pytest.raises(TypeError, match="coefficients"):
         channel_span(Dense.random(2, 2), np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("min_lag", [1, 2, 5])
+def test_prop_channel_span_beyond_a_lag_equals_the_dense_span(min_lag):
+    model = _Channels(*_toy(3, 5, 2, seed=3))
+    X = np.random.default_rng(4).standard_normal((2, 7, 2))
+    blocks = []
+    for x in X:
+        with torch.no_grad():
+            W = model.operator(torch.from_numpy(x)[None])[0]
+        blocks += [W[i, j] for i in range(7) for j in range(i + 1) if i - j >= min_lag]
+    dense, fast = operator_span(torch.stack(blocks)), channel_span(model, X, min_lag=min_lag)
+    assert fast.dim == dense.dim
+    top = min(len(dense.singular_values), len(fast.singular_values))
+    assert np.allclose(fast.singular_values[:top], dense.singular_values[:top], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="min_lag = 7"):
+        channel_span(model, X, min_lag=7)
+    with pytest.raises(TypeError, match="min_lag must be an integer"):
+        channel_span(model, X, min_lag=1.0)
