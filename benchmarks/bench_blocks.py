@@ -9,7 +9,8 @@
   ≥ 1 at every L.
 * The SSD route `lib.scan.ssd_chunked` (what `Mamba2Block` calls beyond L = 64) against
   `ssd_minimal_discrete`, the reference chunked SSD of mamba_ssm (`modules/ssd_minimal.py`,
-  the Mamba-2 paper's Listing 1), written out below without einops; both with chunks of 64,
+  the Mamba-2 paper's Listing 1; a reference listing, not a kernel anyone runs in production),
+  written out below without einops, one C·B per group as there; both with chunks of 64,
   float32, 8 heads of width 64, one group, N = 128. L ∈ {512, 2048, 8192}. Target: ratio ≥ 1
   at L ≥ 2048.
 
@@ -46,28 +47,30 @@ def _segsum(x: torch.Tensor) -> torch.Tensor:
 
 
 def ssd_minimal_discrete(X, A, B, C, block_len):
-    """mamba_ssm's reference chunked SSD. X (b, L, h, p) = Δ·x, A (b, L, h) = Δ·A,
-    B, C (b, L, g, n); L a multiple of block_len. Returns Y (b, L, h, p)."""
+    """mamba_ssm's reference chunked SSD, step for step. X (b, L, h, p) = Δ·x, A (b, L, h) = Δ·A,
+    B, C (b, L, g, n), g | h (head h reads group h // (h/g)); L a multiple of block_len.
+    Returns Y (b, L, h, p). As in the reference, C·B is computed once per group, not per head."""
     b, L, h, p = X.shape
-    c, g = L // block_len, B.shape[2]
+    c, g, n = L // block_len, B.shape[2], B.shape[3]
+    r = h // g
     X, A, B, C = (t.reshape(b, c, block_len, *t.shape[2:]) for t in (X, A, B, C))
     A = A.permute(0, 3, 1, 2)                                        # (b, h, c, l)
     A_cumsum = torch.cumsum(A, dim=-1)
-    heads_per_group = h // g
-    Bh, Ch = (t.repeat_interleave(heads_per_group, 3) for t in (B, C))  # (b, c, l, h, n)
+    Xg = X.reshape(b, c, block_len, g, r, p)                         # heads grouped, no copy
     # 1. inside each chunk
-    Lmat = torch.exp(_segsum(A))                                     # (b, h, c, l, s)
-    scores = torch.einsum("bclhn,bcshn->bhcls", Ch, Bh) * Lmat
-    Y_diag = torch.einsum("bhcls,bcshp->bclhp", scores, X)
+    Lmat = torch.exp(_segsum(A)).reshape(b, g, r, c, block_len, block_len)
+    CB = torch.einsum("bclgn,bcsgn->bgcls", C, B)
+    Y_diag = torch.einsum("bgcls,bgrcls,bcsgrp->bclgrp", CB, Lmat, Xg)
     # 2. each chunk's final state
-    decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum)           # (b, h, c, l)
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bh, decay_states, X)
+    decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum).reshape(b, g, r, c, block_len)
+    states = torch.einsum("bclgn,bgrcl,bclgrp->bcgrpn", B, decay_states, Xg)
     # 3. the states entering each chunk, by the chunk-level segment sum
     states = torch.cat([torch.zeros_like(states[:, :1]), states], dim=1)
     decay_chunk = torch.exp(_segsum(torch.nn.functional.pad(A_cumsum[..., -1], (1, 0))))
-    states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)[:, :-1]
+    states = torch.einsum("bgrzc,bcgrpn->bzgrpn", decay_chunk.reshape(b, g, r, c + 1, c + 1), states)[:, :-1]
     # 4. their contribution inside each chunk
-    Y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", Ch, states, torch.exp(A_cumsum))
+    out = torch.exp(A_cumsum).reshape(b, g, r, c, block_len)
+    Y_off = torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", C, states, out)
     return (Y_diag + Y_off).reshape(b, L, h, p)
 
 

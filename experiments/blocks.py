@@ -14,7 +14,7 @@ import torch
 
 from lib import Mamba2Block, MambaBlock
 from lib.heads import _tails
-from lib.spans import rank
+from lib.spans import _coefficient_span, rank
 
 # Layer shapes of the smallest published checkpoints (their config.json files):
 # state-spaces/mamba-130m-hf and state-spaces/mamba2-130m.
@@ -43,14 +43,43 @@ def heads_at(singular_values: np.ndarray, eps: float) -> int:
     return int(np.argmax(errors <= eps * errors[0]))
 
 
-def count_row(span: Any, n: int, epsilons: list[float], rtol: float = 1e-10) -> dict:
-    """One row of the head-count table from a `channel_span` at one input of length n: the exact
-    count at X, the rank of Γ, H_ε for each ε, and K's conditioning."""
-    lam, sigma_g = span.gram_eigenvalues, span.coefficient_singular_values
-    return ({"channels D": len(lam), "pairs (i, j)": n * (n + 1) // 2, "heads at X": span.dim,
-             "rank Γ": rank(sigma_g, rtol)}
-            | {f"H at ε={eps:g}": heads_at(span.singular_values, eps) for eps in epsilons}
-            | {"λmin(K)/λmax(K)": float(lam[0] / lam[-1])})
+def count_row(span: Any, pairs: int, epsilons: list[float], rtol: float = 1e-10) -> dict:
+    """One row of the head-count table from a `channel_span` over `pairs` pairs (i, j): the count
+    at the rank rule rtol, the smallest singular value against the largest, the rank of Γ, H_ε for
+    each ε, and Ω's conditioning."""
+    lam, sigma, sigma_g = span.gram_eigenvalues, span.singular_values, span.coefficient_singular_values
+    return ({"channels D": len(lam), "pairs (i, j)": pairs, "heads at X": span.dim,
+             "σ_min/σ₁": float(sigma[-1] / sigma[0]), "rank Γ": rank(sigma_g, rtol)}
+            | {f"H at ε={eps:g}": heads_at(sigma, eps) for eps in epsilons}
+            | {"λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
+
+
+def spans_by_lag(block: Any, X: torch.Tensor, lags: tuple[int, ...] = (0,),
+                 rtol: float = 1e-10) -> tuple[dict[int, Any], float]:
+    """`channel_span(block, X, min_lag=lag)` for each lag, from one computation of the coefficients
+    (at d_inner 1536 they cost seconds), and the share of the operator's energy within the first
+    max(lags) lags, Σ_{i−j<L} ‖𝒲_ij‖²_F / Σ_{j<=i} ‖𝒲_ij‖²_F with ‖U diag(g) V‖²_F = gᵀΩg. X: (n, d)."""
+    with torch.no_grad():
+        g = block.coefficients(X).to(torch.float64)
+        U, V = (t.to(torch.float64) for t in block.factors())
+        n = X.shape[0]
+        spans = {}
+        for lag in lags:
+            rows, cols = torch.tril_indices(n, n, offset=-lag)
+            spans[lag] = _coefficient_span(g[rows, cols], U, V, rtol)
+        energy = torch.einsum("ijq,qr,ijr->ij", g, (U.T @ U) * (V @ V.T), g)
+        lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        share = float(energy[(lag >= 0) & (lag < max(lags))].sum() / energy[lag >= 0].sum())
+    return spans, share
+
+
+def factored_identity_error(block: Any, X: torch.Tensor) -> float:
+    """Relative error of Σ_j U diag(g_ij) V x_j + β_i against block(X), X (n, d), without forming
+    the n² blocks of size d × d (the identity of {prf:ref}`prop-mamba-block` at any width)."""
+    with torch.no_grad():
+        U, V = block.factors()
+        y = torch.einsum("ijq,jq->iq", block.coefficients(X), X @ V.T) @ U.T + block.offset(X)
+        return float(torch.linalg.vector_norm(y - block(X)) / torch.linalg.vector_norm(block(X)))
 
 
 def _transformers():
@@ -131,10 +160,11 @@ def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:
 
 def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
     """Singular values of Γ for Mamba-2's coefficients g_ij = s_i ⊙ Σ_k w_k ⊙ ψ_{i,j+k} ⊙ σ(c_{j+k})
-    ({prf:ref}`prop-mamba2-count`) with per-channel factors removed: "SSD core" (ψ_ij alone,
-    constant on each head's channels), "+ gate" (s_i ⊙ ψ_ij), "+ conv" (Σ_k w_k ⊙ ψ_{i,j+k}),
-    "+ SiLU slope" (ψ_ij ⊙ σ(c_j)), "block" (all). X: one input (n, d). The ablated matrices are
-    not blocks anyone builds: they say which factor lifts the count."""
+    ({prf:ref}`prop-mamba2-count`) with per-channel factors removed or kept: "SSD core" (ψ_ij alone,
+    constant on each head's channels), each factor alone ("gate" s_i ⊙ ψ_ij, "conv"
+    Σ_k w_k ⊙ ψ_{i,j+k}, "slope" ψ_ij ⊙ σ(c_j)), each pair, and "block" (all three).
+    X: one input (n, d). The ablated matrices are not blocks anyone builds: they say which
+    factors lift the count."""
     with torch.no_grad():
         P, s, c = block._pieces(X[None])
         slope = torch.sigmoid(c)[:, None]
@@ -147,6 +177,7 @@ def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
                 out[:, :n - k] += w[k] * Q[:, k:]
             return out
 
-        variants = {"SSD core": psi, "+ gate": s * psi, "+ conv": convolve(psi),
-                    "+ SiLU slope": psi * slope, "block": s * convolve(psi * slope)}
+        variants = {"SSD core": psi, "gate": s * psi, "conv": convolve(psi), "slope": psi * slope,
+                    "gate + conv": s * convolve(psi), "gate + slope": s * psi * slope,
+                    "conv + slope": convolve(psi * slope), "block": s * convolve(psi * slope)}
         return {name: coefficient_spectrum(g) for name, g in variants.items()}

@@ -143,8 +143,14 @@ def channel_span(model: Any, inputs: Any, rtol: float = 1e-10, min_lag: int = 0)
     if stacked.shape[0] == 0:
         raise ValueError(f"inputs must have a pair at lag >= min_lag = {min_lag}; every input is shorter")
     with torch.no_grad():
-        U, V = (t.detach().to(torch.float64) for t in model.factors())
+        return _coefficient_span(stacked, *model.factors(), rtol)
+
+
+def _coefficient_span(rows: torch.Tensor, U: torch.Tensor, V: torch.Tensor, rtol: float) -> ChannelSpan:
+    # The ChannelSpan of coefficient rows (m, D) with factors U (p, D), V (D, d); for experiments
+    # that reuse one computation of the coefficients. Unchecked: callers pass what channel_span does.
+    U, V, rows = (t.detach().to(torch.float64) for t in (U, V, rows))
     lam, Q = torch.linalg.eigh((U.T @ U) * (V @ V.T))
     root = (Q * lam.clamp(min=0).sqrt()) @ Q.T  # Ω^{1/2}; Ω is PSD, rounding may leave −1e-16
-    sigma = torch.linalg.svdvals(stacked @ root).numpy()
-    return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(stacked).numpy(), lam.numpy())
+    sigma = torch.linalg.svdvals(rows @ root).numpy()
+    return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(rows).numpy(), lam.numpy())

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from experiments.blocks import (_transformers, block_and_inputs, block_from_mixer, coefficient_spectrum,
-                                count_row, heads_at, load_checkpoint, mamba2_factors, token_inputs)
+                                count_row, factored_identity_error, heads_at, load_checkpoint, mamba2_factors,
+                                token_inputs)
 from lib import Mamba2Block, MambaBlock, channel_span
 from lib.spans import rank
 
@@ -40,8 +41,9 @@ def test_count_row_reads_the_span():
     block = MambaBlock(8, d_state=4, seed=0)
     X = token_inputs(6, 8, seed=0)[0]
     span = channel_span(block, X)
-    row = count_row(span, 6, [1e-2])
+    row = count_row(span, 21, [1e-2])
     assert row["pairs (i, j)"] == 21 and row["channels D"] == 16
+    assert row["σ_min/σ₁"] == span.singular_values[-1] / span.singular_values[0]
     assert row["heads at X"] == span.dim == rank(span.singular_values, 1e-10)
     assert row["H at ε=0.01"] == heads_at(span.singular_values, 1e-2) <= span.dim
 
@@ -58,11 +60,13 @@ def test_prop_mamba2_count_factors_and_bounds(n):
     assert np.allclose(factors["block"], direct, rtol=1e-10, atol=1e-14 * direct[0])
     H, K, D = block.nheads, block.d_conv, block.d_inner
     row = sum(min(i, H) for i in range(1, n + 1))
-    bounds = {"SSD core": H, "+ conv": K * H, "+ gate": row, "+ SiLU slope": row, "block": D}
+    bounds = {"SSD core": H, "conv": K * H, "gate": row, "slope": row, "gate + conv": D, "gate + slope": D,
+              "conv + slope": D, "block": D}
+    assert set(factors) == set(bounds)
     for name, bound in bounds.items():
         assert rank(factors[name], 1e-10) <= min(bound, n * (n + 1) // 2), name
     if n >= 9:  # enough pairs: the core's and the conv's bounds are attained on this random block
-        assert rank(factors["SSD core"], 1e-10) == H and rank(factors["+ conv"], 1e-10) == min(K * H, D)
+        assert rank(factors["SSD core"], 1e-10) == H and rank(factors["conv"], 1e-10) == min(K * H, D)
 
 
 def _mamba_lm(layers=2):
@@ -119,3 +123,32 @@ def test_the_recipe_reads_a_saved_checkpoint(tmp_path):
         assert torch.allclose(block(X).float(), layers[1].mixer(expected), atol=1e-5)
     with pytest.raises(ValueError, match="layer must be an integer in \\[0, 3\\)"):
         block_and_inputs(model, 3, ids)
+
+
+@pytest.mark.parametrize("make", [lambda: MambaBlock(8, d_state=4, seed=2, bias=True),
+                                  lambda: Mamba2Block(8, d_state=4, headdim=4, ngroups=2, seed=2)])
+def test_factored_identity_error_is_rounding_and_sees_a_wrong_offset(make):
+    # Independent route: lib.identity_error on the dense operator; and a block whose offset is off.
+    from lib import identity_error
+    block = make()
+    X = torch.from_numpy(np.random.default_rng(5).standard_normal((9, 8)))
+    assert factored_identity_error(block, X) < 1e-12 and identity_error(block, X) < 1e-12
+    block.offset = lambda X: torch.zeros(X.shape[0], 8, dtype=X.dtype)
+    assert factored_identity_error(block, X) > 1e-6
+
+
+def test_spans_by_lag_against_channel_span_and_the_dense_operator():
+    from experiments.blocks import spans_by_lag
+    block = Mamba2Block(8, d_state=4, headdim=4, seed=3)
+    X = torch.from_numpy(np.random.default_rng(6).standard_normal((7, 8)))
+    spans, share = spans_by_lag(block, X, (0, 3))
+    for lag in (0, 3):
+        direct = channel_span(block, X, min_lag=lag)
+        assert spans[lag].dim == direct.dim
+        assert np.allclose(spans[lag].singular_values, direct.singular_values, rtol=1e-10, atol=1e-14)
+    with torch.no_grad():
+        W = block.operator(X)
+    energy = W.pow(2).sum((-1, -2))
+    near = sum(float(energy[i, j]) for i in range(7) for j in range(7) if 0 <= i - j < 3)
+    total = sum(float(energy[i, j]) for i in range(7) for j in range(i + 1))
+    assert abs(share - near / total) < 1e-12
