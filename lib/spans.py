@@ -151,6 +151,9 @@ def _coefficient_span(rows: torch.Tensor, U: torch.Tensor, V: torch.Tensor, rtol
     # that reuse one computation of the coefficients. Unchecked: callers pass what channel_span does.
     U, V, rows = (t.detach().to(torch.float64) for t in (U, V, rows))
     lam, Q = torch.linalg.eigh((U.T @ U) * (V @ V.T))
-    root = (Q * lam.clamp(min=0).sqrt()) @ Q.T  # Ω^{1/2}; Ω is PSD, rounding may leave −1e-16
+    # Ω^{1/2}. Ω is PSD; rounding leaves its zero eigenvalues at ±D·eps·λ_max, whose square roots
+    # (~1e-8 relative) would pass the rank rule: set them to zero.
+    noise = lam.shape[0] * torch.finfo(lam.dtype).eps * lam[-1].clamp(min=0)
+    root = (Q * torch.where(lam > noise, lam, 0).sqrt()) @ Q.T
     sigma = torch.linalg.svdvals(rows @ root).numpy()
     return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(rows).numpy(), lam.numpy())

@@ -247,3 +247,14 @@ def test_prop_channel_span_beyond_a_lag_equals_the_dense_span(min_lag):
         channel_span(model, X, min_lag=7)
     with pytest.raises(TypeError, match="min_lag must be an integer"):
         channel_span(model, X, min_lag=1.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prop_channel_span_with_repeated_channels_matches_the_dense_count(seed):
+    # Ω singular: its zero eigenvalues come out at ~1e-17, and their square roots (~3e-9) must
+    # not lift a zero singular value above the rank rule (a bug found on the trained blocks).
+    U, V, P, Q = _toy(4, 8, 3, seed=seed)
+    U[:, 1], V[1] = U[:, 0], V[0]
+    model = _Channels(U, V, P, Q)
+    X = np.random.default_rng(seed).standard_normal((2, 6, 3))
+    assert channel_span(model, X).dim == interaction_span(model, X).dim
