@@ -21,9 +21,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib import (DiagonalSSM, RelativeHeads, SharedStateSSM, SoftmaxAttention, fit, heads_needed, min_heads,
-                 optimal_head_errors, population_error, truncated_heads)
+from lib import (DiagonalSSM, MambaBlock, RelativeHeads, SharedStateSSM, SoftmaxAttention, channel_span, fit,
+                 heads_needed, interaction_span, min_heads, optimal_head_errors, population_error, truncated_heads)
 from lib.scan import fft_causal_conv
+from lib.spans import rank
+
+from .blocks import heads_at  # H_ε of a span's singular values (prop-channel-span, part 3)
 
 # -- data --------------------------------------------------------------------------------------
 
@@ -155,11 +158,15 @@ def classifier(kind: str, d: int, *, state: int = 32, heads: int = 1, n: int = 6
     "s4d-lin", "s4d-real": `DiagonalSSM.random(d, state, init="lin" | "real")` (S4D);
     "s5": `SharedStateSSM.random(d, state)`; "attention": causal `SoftmaxAttention.random` with
     `heads` heads (d_k = d_v = d / heads), zero relative-position scores for lengths <= n and a
-    learned absolute position table.
+    learned absolute position table; "mamba": `MambaBlock(d, d_state=state, seed=seed + m)`,
+    Mamba's mixer at its standard initialisation (d_conv 4, expand 2, step rank ⌈d/16⌉; the
+    `step_range` is not used: Mamba's own [1e-3, 1e-1]).
     """
     layers = []
     for m in range(blocks):
-        if kind == "s5":
+        if kind == "mamba":
+            layers.append(MambaBlock(d, d_state=state, seed=seed + m, dtype=dtype))
+        elif kind == "s5":
             layers.append(SharedStateSSM.random(d, state, step_range=step_range, seed=seed + m, dtype=dtype))
         elif kind == "attention":
             layers.append(SoftmaxAttention.random(d, d, heads, max_length=n, seed=seed + m, dtype=dtype))
@@ -698,3 +705,44 @@ def head_counts(layer: Any, n: int, epsilons: Sequence[float], moments: tuple[An
     ("H ε=…"; the centred truncation's count, whatever x̄) and under white tokens ("white ε=…")."""
     counts = {f"H ε={e:g}": heads_needed(layer, n, e, covariance=moments[1]) for e in epsilons}
     return counts | {f"white ε={e:g}": heads_needed(layer, n, e) for e in epsilons}
+
+
+# -- Mamba blocks in a classifier: their head count at the inputs ({prf:ref}`prop-channel-span`) ---
+
+
+def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[float], rtol: float = 1e-10) -> list[dict]:
+    """The head count of every mixing layer (a `MambaBlock`) of a classifier at its inputs on X (b, n, in_width).
+
+    Layer m is read at what it receives on X (after its LayerNorm, `layer_inputs`), by
+    `channel_span` ({prf:ref}`prop-channel-span`): one row per block with "block" (1-based),
+    "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X" (the span's dimension, rule rtol),
+    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`) and "λmin(K)/λmax(K)". The count is
+    that of the linear part 𝒲 of the block; the offset β (conv bias) is not a head.
+    """
+    rows = []
+    for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
+        span = channel_span(layer, inputs, rtol)
+        lam, b, n = span.gram_eigenvalues, inputs.shape[0], inputs.shape[1]
+        rows.append({"block": m + 1, "channels D": len(lam), "rows of Γ": b * n * (n + 1) // 2,
+                     "heads at X": span.dim, "rank Γ": rank(span.coefficient_singular_values, rtol)}
+                    | {f"H ε={e:g}": heads_at(span.singular_values, e) for e in epsilons}
+                    | {"λmin(K)/λmax(K)": float(lam[0] / lam[-1])})
+    return rows
+
+
+def dense_span_check(model: SequenceClassifier, X: Any, rtol: float = 1e-10) -> list[dict]:
+    """Each mixing layer's span at its inputs on X (b, n, in_width) by two routes: `channel_span`
+    (Γ K^½, no operator formed) and `interaction_span` on the dense operator 𝒲 (b, n, n, d, d).
+
+    One row per block: "block", "heads at X" and "dense" (the two dimensions), "σ error" (max
+    |σ_q − σ_q^dense| / σ_1 over the D values) and "dense σ_D+1/σ_1" (what the dense route has
+    beyond D channels: rounding, if part 1 of {prf:ref}`prop-channel-span` holds)."""
+    rows = []
+    for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
+        fast, dense = channel_span(layer, inputs, rtol), interaction_span(layer, inputs, rtol)
+        D, sigma = len(fast.gram_eigenvalues), dense.singular_values
+        error = np.abs(fast.singular_values - sigma[:len(fast.singular_values)]).max() / sigma[0]
+        beyond = float(sigma[D] / sigma[0]) if len(sigma) > D else 0.0
+        rows.append({"block": m + 1, "heads at X": fast.dim, "dense": dense.dim, "σ error": float(error),
+                     "dense σ_D+1/σ_1": beyond})
+    return rows
