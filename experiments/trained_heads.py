@@ -716,7 +716,7 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     Layer m is read at what it receives on X (after its LayerNorm, `layer_inputs`), by
     `channel_span` ({prf:ref}`prop-channel-span`): one row per block with "block" (1-based),
     "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X" (the span's dimension, rule rtol),
-    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`) and "λmin(K)/λmax(K)". The count is
+    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`) and "λmin(Ω)/λmax(Ω)". The count is
     that of the linear part 𝒲 of the block; the offset β (conv bias) is not a head.
     """
     rows = []
@@ -726,7 +726,7 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
         rows.append({"block": m + 1, "channels D": len(lam), "rows of Γ": b * n * (n + 1) // 2,
                      "heads at X": span.dim, "rank Γ": rank(span.coefficient_singular_values, rtol)}
                     | {f"H ε={e:g}": heads_at(span.singular_values, e) for e in epsilons}
-                    | {"λmin(K)/λmax(K)": float(lam[0] / lam[-1])})
+                    | {"λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
 

@@ -668,9 +668,7 @@ def test_mamba_classifier_layers_are_mamba_blocks_at_their_initialisation():
     np.testing.assert_allclose(logits(as_float64(model), X), logits(model, X), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("singular_K", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-    "lib.channel_span takes K^½ of K's float64 eigenvalues: a zero eigenvalue comes out as ~1e-17, its root "
-    "~3e-9 lifts a zero singular value above the rank rule 1e-10 and the count exceeds the dense one by 1")))])
+@pytest.mark.parametrize("singular_K", [False, True])  # True: Ω singular (fixed in channel_span)
 def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
     from experiments.trained_heads import block_head_counts
 
@@ -697,9 +695,9 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
             H = row[f"H ε={e:g}"]
             assert (tails[H] if H < len(tails) else 0.0) <= e * tails[0] < tails[H - 1]
         if singular_K:  # K singular: the count falls below rank Γ (part 2 of prop-channel-span)
-            assert row["λmin(K)/λmax(K)"] < 1e-12 and row["heads at X"] < row["rank Γ"]
+            assert row["λmin(Ω)/λmax(Ω)"] < 1e-12 and row["heads at X"] < row["rank Γ"]
         else:
-            assert row["λmin(K)/λmax(K)"] > 1e-8 and row["heads at X"] == row["rank Γ"]
+            assert row["λmin(Ω)/λmax(Ω)"] > 1e-8 and row["heads at X"] == row["rank Γ"]
 
 
 def test_dense_span_check_agrees_and_fails_on_a_scaled_operator():
