@@ -1503,13 +1503,13 @@ def mamba_block_path(block: Any, X: Any, i: int, j: int, *, window: int | None =
             inner, inner_core = inner + gate, inner_core + gate
         U = block.out_proj.weight
         tau = (cum[i + 1] - cum[last + 1]).numpy()
-        bound = math.nan
+        limit = math.nan
         if bound and i > j + K - 1:
             a_min = (-A).min(1).values
             rows = s_i.abs() * torch.exp(-a_min * (cum[i + 1] - cum[last + 1])) * torch.linalg.matrix_norm(S, ord=2)
-            bound = float(torch.linalg.matrix_norm(U, ord=2) * torch.linalg.vector_norm(val["C"][i]) *
+            limit = float(torch.linalg.matrix_norm(U, ord=2) * torch.linalg.vector_norm(val["C"][i]) *
                           torch.linalg.vector_norm(rows))
-        return BlockPath((U @ inner).numpy(), inner.numpy(), last, tau, S.numpy(), bound, (U @ inner_core).numpy())
+        return BlockPath((U @ inner).numpy(), inner.numpy(), last, tau, S.numpy(), limit, (U @ inner_core).numpy())
 
 
 def step_projection(block: Any) -> torch.Tensor:
