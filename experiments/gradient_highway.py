@@ -1725,3 +1725,63 @@ def probe_profile(model: Any, X: Any, i: int | None = None, *, probes: int = 4, 
         sq = sum(torch.autograd.grad(y @ G[k], X, retain_graph=k + 1 < probes)[0][: i + 1].pow(2).sum(1)
                  for k in range(probes))
     return np.sqrt(sq.detach().to(torch.float64).numpy() / probes)[::-1].copy()
+
+
+def mamba2_values(block: Any, X: Any) -> dict[str, torch.Tensor]:
+    """The forward quantities of a Mamba2Block at one sequence X (n, d_model), recomputed from its
+    parameters: z, v (n, D_in), Δ (n, H), B, C (n, G, N), a (H,), s (n, H, N, headdim) the states,
+    r = o ⊙ silu(z) (n, D_in) and y. Differentiable in X."""
+    from lib import Mamba2Block
+    if not isinstance(block, Mamba2Block):
+        raise TypeError(f"block must be a lib.Mamba2Block; got {type(block).__name__}")
+    X = torch.as_tensor(np.asarray(X, dtype=float) if not torch.is_tensor(X) else X).to(block.D.dtype)
+    Din, G, N, H, P = block.d_inner, block.ngroups, block.d_state, block.nheads, block.headdim
+    proj = X @ block.in_proj.weight.T + (0 if block.in_proj.bias is None else block.in_proj.bias)
+    z, xBC, dt = proj.split([Din, Din + 2 * G * N, H], -1)
+    w, n = block.conv1d.weight[:, 0].flip(-1).T, len(X)                  # (K, conv_dim)
+    pre = xBC.new_zeros(xBC.shape) + (0 if block.conv1d.bias is None else block.conv1d.bias)
+    for k in range(min(block.d_conv, n)):
+        pre = pre + F.pad(w[k] * xBC[:n - k], (0, 0, k, 0))
+    v, B, C = F.silu(pre).split([Din, G * N, G * N], -1)
+    B, C = B.unflatten(-1, (G, N)), C.unflatten(-1, (G, N))
+    Delta, a = F.softplus(dt + block.dt_bias, threshold=40.0), -torch.exp(block.A_log)
+    group = torch.arange(H) // (H // G)
+    heads = v.unflatten(-1, (H, P))
+    s, states = X.new_zeros(H, N, P), []
+    for t in range(n):
+        s = torch.exp(Delta[t] * a)[:, None, None] * s + Delta[t][:, None, None] * B[t, group][:, :, None] * heads[t][:, None, :]
+        states.append(s)
+    s = torch.stack(states)
+    o = torch.einsum("thnp,thn->thp", s, C[:, group]) + block.D[:, None] * heads
+    r = o.flatten(-2) * F.silu(z)
+    y = (block.norm.weight * r * block.norm.inverse_rms(r)) @ block.out_proj.weight.T
+    y = y if block.out_proj.bias is None else y + block.out_proj.bias
+    return dict(z=z, v=v, Delta=Delta, B=B, C=C, a=a, s=s, r=r, y=y)
+
+
+def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int | None = None) -> np.ndarray:
+    """J_ij of a Mamba2Block for D = i − j >= d_conv by the Mamba-2 form of (1′)
+    ({prf:ref}`prop-block-gradient` 4): U N′(r_i) diag(silu z_i) [e^{a_h τ_h} C_iᵀ S^h]_h with
+    S^h = ∂s^h_{j'}/∂x_j (j' = j + K − 1; by autograd of the state alone), τ_h = Σ_{t=j'+1}^{i} Δ^h_t and
+    N′ the norm's Jacobian at r_i (autograd of the position-wise norm). `window` overrides K (tests)."""
+    K = block.d_conv if window is None else int(window)
+    X = torch.as_tensor(_array(X))
+    jp = j + K - 1
+    if not j + block.d_conv <= i < len(X):
+        raise ValueError(f"need j + d_conv <= i < n; got i = {i}, j = {j}")
+    H, P = block.nheads, block.headdim
+
+    def state(xj: torch.Tensor) -> torch.Tensor:
+        Y = torch.cat([X[:j], xj[None], X[j + 1:jp + 1]])
+        return mamba2_values(block, Y)["s"][jp]                            # (H, N, P)
+
+    S = torch.autograd.functional.jacobian(state, X[j])                    # (H, N, P, d)
+    with torch.no_grad():
+        val = mamba2_values(block, X)
+        group = torch.arange(H) // (H // block.ngroups)
+        tau = val["Delta"][jp + 1:i + 1].sum(0)                             # (H,)
+        dO = torch.exp(val["a"] * tau)[:, None, None] * torch.einsum("hn,hnpd->hpd", val["C"][i, group], S)
+        dR = F.silu(val["z"][i])[:, None] * dO.flatten(0, 1)               # (D_in, d)
+    norm = torch.autograd.functional.jacobian(lambda r: block.norm.weight * r * block.norm.inverse_rms(r),
+                                              val["r"][i].detach())
+    return (block.out_proj.weight @ norm @ dR).detach().numpy()

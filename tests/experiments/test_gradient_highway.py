@@ -1960,3 +1960,20 @@ def test_probe_profile_estimates_the_frobenius_norms():
     exact = jacobian_norms(block, X, 15)[::-1]
     est = probe_profile(block, X, probes=4000, seed=0)
     assert np.allclose(est, exact, rtol=0.1)
+
+
+@pytest.mark.parametrize("kw", [{}, {"ngroups": 2}, {"bias": True}])
+def test_prop_block_gradient_mamba2_beyond_the_window_equals_autograd(kw):
+    from experiments.gradient_highway import mamba2_values, mamba2_window_prediction
+    from lib import Mamba2Block
+    block = Mamba2Block(8, d_state=4, headdim=4, seed=0, dt_min=0.05, dt_max=0.5, **kw)
+    X = np.random.default_rng(0).standard_normal((11, 8))
+    assert np.allclose(mamba2_values(block, X)["y"].detach().numpy(), block(torch.from_numpy(X)).detach().numpy(),
+                       rtol=1e-12, atol=1e-13)
+    J = jacobian_blocks(block, X, 10)
+    for j in (0, 3, 6):
+        ref = np.linalg.norm(J[j])
+        assert np.linalg.norm(mamba2_window_prediction(block, X, 10, j) - J[j]) <= 1e-10 * ref
+        assert np.linalg.norm(mamba2_window_prediction(block, X, 10, j, window=3) - J[j]) > 1e-3 * ref
+    with pytest.raises(ValueError, match="d_conv"):
+        mamba2_window_prediction(block, X, 10, 8)
