@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
@@ -1419,7 +1420,8 @@ def mamba_values(block: Any, X: Any) -> dict[str, torch.Tensor]:
     o = torch.einsum("tqn,tn->tq", h, C) + block.D * v
     rr = o * F.silu(z)
     y = rr @ block.out_proj.weight.T + (0 if block.out_proj.bias is None else block.out_proj.bias)
-    return dict(u=u, z=z, c=c, v=v, pre=pre, Delta=Delta, B=B, C=C, A=A, h=h, o=o, r=rr, y=y)
+    return {"u": u, "z": z, "c": c, "v": v, "pre": pre, "Delta": Delta, "B": B, "C": C, "A": A, "h": h, "o": o,
+            "r": rr, "y": y}
 
 
 @dataclass(frozen=True)
@@ -1756,7 +1758,7 @@ def mamba2_values(block: Any, X: Any) -> dict[str, torch.Tensor]:
     r = o.flatten(-2) * F.silu(z)
     y = (block.norm.weight * r * block.norm.inverse_rms(r)) @ block.out_proj.weight.T
     y = y if block.out_proj.bias is None else y + block.out_proj.bias
-    return dict(z=z, v=v, Delta=Delta, B=B, C=C, a=a, s=s, r=r, y=y)
+    return {"z": z, "v": v, "Delta": Delta, "B": B, "C": C, "a": a, "s": s, "r": r, "y": y}
 
 
 def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int | None = None) -> np.ndarray:
@@ -1769,7 +1771,7 @@ def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int 
     jp = j + K - 1
     if not j + block.d_conv <= i < len(X):
         raise ValueError(f"need j + d_conv <= i < n; got i = {i}, j = {j}")
-    H, P = block.nheads, block.headdim
+    H = block.nheads
 
     def state(xj: torch.Tensor) -> torch.Tensor:
         Y = torch.cat([X[:j], xj[None], X[j + 1:jp + 1]])
@@ -1785,3 +1787,52 @@ def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int 
     norm = torch.autograd.functional.jacobian(lambda r: block.norm.weight * r * block.norm.inverse_rms(r),
                                               val["r"][i].detach())
     return (block.out_proj.weight @ norm @ dR).detach().numpy()
+
+
+def block_window_rows(block: Any, X: Any, outputs: Any) -> list[dict[str, Any]]:
+    """For each output i in `outputs` and j <= i: D = i − j and, relative to ‖J_ij‖_F (autograd,
+    `jacobian_blocks`), the error of `mamba_block_path`'s closed form, of the scan core's formula
+    (`BlockPath.core`), and ‖J_ij‖_F / the bound (2′) (NaN inside the window)."""
+    rows = []
+    for i in outputs:
+        J = jacobian_blocks(block, X, i)
+        for j in range(i + 1):
+            path, ref = mamba_block_path(block, X, i, j), np.linalg.norm(J[j])
+            rows.append({"D": i - j, "error": np.linalg.norm(path.jacobian - J[j]) / ref,
+                         "core": np.linalg.norm(path.core - J[j]) / ref, "ratio": ref / path.bound})
+    return rows
+
+
+def mamba2_window_rows(block: Any, X: Any, windows: Any = (4, 3)) -> list[dict[str, Any]]:
+    """At the last output i = n − 1 and every j <= i − d_conv: the error of `mamba2_window_prediction`
+    relative to ‖J_ij‖_F (autograd), once per launch window K in `windows` (the block's own first)."""
+    n = len(_array(X))
+    J = jacobian_blocks(block, X, n - 1)
+    return [{"D": n - 1 - j, "K": K, "error": np.linalg.norm(mamba2_window_prediction(block, X, n - 1, j, window=K)
+                                                           - J[j]) / np.linalg.norm(J[j])}
+            for j in range(n - block.d_conv) for K in windows]
+
+
+def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 0) -> tuple[np.ndarray, dict]:
+    """(g, row): the probe estimate g(D) of `probe_profile` at the last output, and its readings —
+    the reach against g(1) and against g(4) (`read_profile` from D = 4 on), g(4)/g(1), g(n−1)/g(1)."""
+    g = probe_profile(block, X, probes=probes, seed=seed)
+    return g, {"reach from g(1)": read_profile(g, eps).reach, "reach from g(4)": 3 + read_profile(g[3:], eps).reach,
+               "g(4)/g(1)": g[4] / g[1], "g(n−1)/g(1)": g[-1] / g[1]}
+
+
+ALIBI_COLUMNS = {"weight_ratio": "α / e^{−mℓ+ω}", "sharp_ratio": "α / e^{−mℓ+s_ij−s_ii}",
+                 "jacobian_ratio": "‖J‖ / bound 2"}
+
+
+def alibi_battery(attention: SoftmaxAttention, slopes: Any, n: int, rng: np.random.Generator, *,
+                  scales: Any = (0.3, 1.0, 3.0), lags: Any = (1, 4, 16), radius: float = 8.0) -> pd.DataFrame:
+    """`alibi_check` on Gaussian inputs (n, d) at `scales`, and on `planted_alibi_input` for every head
+    and every lag in `lags` ∪ {n − 1} below n; columns `ALIBI_COLUMNS`, one row per input."""
+    rows = [{"input": f"Gaussian ×{s:g}"} | vars(alibi_check(attention, s * rng.standard_normal((n, attention.d)),
+                                                              slopes)) for s in scales]
+    for head in range(attention.H):
+        for lag in sorted((set(lags) | {n - 1}) & set(range(1, n))):
+            X = planted_alibi_input(attention, n, lag, head=head, radius=radius, seed=head)
+            rows.append({"input": f"planted, head {head + 1}, lag {lag}"} | vars(alibi_check(attention, X, slopes)))
+    return pd.DataFrame(rows).rename(columns=ALIBI_COLUMNS)

@@ -8,8 +8,6 @@ from math import comb
 import numpy as np
 import pytest
 import torch
-
-import lib
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,14 +15,53 @@ from scipy.stats import linregress
 from scipy.stats import t as student_t
 
 import experiments.gradient_highway as gh
+import lib
 from experiments.gradient_highway import (
-    RecallResult, RecallTask, decay_report, fit_decay_rate, frozen_gate_optimum, frozen_gate_response,
-    gate_closing_check, gate_closing_input, gate_closing_profile, hybrid_stack, initial_gradient_norm,
-    key_price, lag_norms, lti_stack, planted_key_input, planted_key_profile, random_profiles, recall_model,
-    recall_sweep, rnn_jacobian, saturating_input, saturation_subset, scalar_stack, selective_jacobian, signal_sweep,
-    ssm_decay_bound, ssm_layer, stable_ssm, stack_decay_bound, train_recall, with_constant_step)
-from lib import (SSD, ElmanRNN, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, architecture_zoo,
-                 jacobian_blocks, jacobian_norms, s4d_ssm)
+    RecallResult,
+    RecallTask,
+    decay_report,
+    fit_decay_rate,
+    frozen_gate_optimum,
+    frozen_gate_response,
+    gate_closing_check,
+    gate_closing_input,
+    gate_closing_profile,
+    hybrid_stack,
+    initial_gradient_norm,
+    key_price,
+    lag_norms,
+    lti_stack,
+    planted_key_input,
+    planted_key_profile,
+    random_profiles,
+    recall_model,
+    recall_sweep,
+    rnn_jacobian,
+    saturating_input,
+    saturation_subset,
+    scalar_stack,
+    selective_jacobian,
+    signal_sweep,
+    ssm_decay_bound,
+    ssm_layer,
+    stable_ssm,
+    stack_decay_bound,
+    train_recall,
+    with_constant_step,
+)
+from lib import (
+    SSD,
+    ElmanRNN,
+    LinearAttention,
+    LinearSSM,
+    SelectiveSSM,
+    SoftmaxAttention,
+    Stack,
+    architecture_zoo,
+    jacobian_blocks,
+    jacobian_norms,
+    s4d_ssm,
+)
 
 FAST = settings(max_examples=15, deadline=None)
 mpow = np.linalg.matrix_power
@@ -1226,9 +1263,22 @@ def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task(
 
 
 from experiments.gradient_highway import (  # noqa: E402
-    STANDARD_STEPS, SWEEP_KINDS, adversarial_profile, alternating_saturation_input, lower_median, reach_row,
-    read_profile, shrink_to, slope_products, standard_zoo, sweep_model, switching_saturation_input, torch_default_rnn)
-from lib import SSD as _SSD, DiagonalSSM, SharedStateSSM  # noqa: E402
+    STANDARD_STEPS,
+    SWEEP_KINDS,
+    adversarial_profile,
+    alternating_saturation_input,
+    lower_median,
+    reach_row,
+    read_profile,
+    shrink_to,
+    slope_products,
+    standard_zoo,
+    sweep_model,
+    switching_saturation_input,
+    torch_default_rnn,
+)
+from lib import SSD as _SSD  # noqa: E402
+from lib import DiagonalSSM, SharedStateSSM
 
 
 def test_read_profile_tells_growth_preservation_and_decay_apart():
@@ -1847,8 +1897,18 @@ def test_prop_selective_gradient_closed_gate_change_is_relative_to_the_norm_prod
 # --- the blocks as built -----------------------------------------------------------------
 
 from experiments.gradient_highway import (  # noqa: E402
-    alibi_attention, alibi_check, alibi_slopes, block_closing_check, carrying_channels, closing_scale, closing_slopes,
-    mamba_block_path, mamba_values, planted_alibi_input, probe_profile)
+    alibi_attention,
+    alibi_check,
+    alibi_slopes,
+    block_closing_check,
+    carrying_channels,
+    closing_scale,
+    closing_slopes,
+    mamba_block_path,
+    mamba_values,
+    planted_alibi_input,
+    probe_profile,
+)
 from lib import MambaBlock  # noqa: E402
 
 
@@ -1977,3 +2037,24 @@ def test_prop_block_gradient_mamba2_beyond_the_window_equals_autograd(kw):
         assert np.linalg.norm(mamba2_window_prediction(block, X, 10, j, window=3) - J[j]) > 1e-3 * ref
     with pytest.raises(ValueError, match="d_conv"):
         mamba2_window_prediction(block, X, 10, 8)
+
+
+def test_block_helpers_read_what_they_say():
+    from experiments.gradient_highway import (
+        alibi_battery,
+        block_reach_row,
+        block_window_rows,
+        mamba2_window_rows,
+    )
+    from lib import Mamba2Block
+    block = _small_block(seed=0)
+    X = np.random.default_rng(0).standard_normal((9, 4))
+    rows = block_window_rows(block, X, (8,))
+    assert [r["D"] for r in rows] == list(range(8, -1, -1)) and max(r["error"] for r in rows) < 1e-10
+    assert all(np.isnan(r["ratio"]) == (r["D"] < 4) for r in rows)
+    m2 = mamba2_window_rows(Mamba2Block(8, d_state=4, headdim=4, seed=0), np.random.default_rng(1).standard_normal((8, 8)))
+    assert sorted({r["D"] for r in m2}) == [4, 5, 6, 7] and {r["K"] for r in m2} == {3, 4}
+    g, row = block_reach_row(block, X, probes=2000, eps=1e-3)
+    assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], g[4] / g[1])
+    table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
+    assert len(table) == 3 + 2 * 2 and not table["input"].str.contains("lag 20").any()
