@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from lib import (SSD, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, fit, jacobian_blocks,
                  jacobian_norms, s4d_ssm)
+from lib._validation import as_generator
 from lib.jacobians import block_norms
 
 
@@ -1365,3 +1367,472 @@ def standard_lin_stack(d: int, depth: int, *, state_size: int = 8, residual: boo
     seeds = np.random.SeedSequence(seed).spawn(depth)
     return Stack([DiagonalSSM.random(d, state_size, init="lin", step_range=STANDARD_STEPS, seed=s)
                   for s in seeds], residual=residual)
+
+
+# ---------------------------------------------------------------------------------------------
+# The blocks as built (lib.MambaBlock, lib.Mamba2Block): the Jacobian through the convolution
+# window (prop-block-gradient), gate closing per channel through the rank-dt_rank step
+# projection (cor-block-gate-closing), and attention with ALiBi (prop-alibi-attenuation).
+
+SILU_GAP = 0.2785  # sup_y |silu(y) − relu(y)| = 0.27846… (attained at y ≈ −1.278)
+
+
+def _silu_slope(c: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(c)
+    return s * (1 + c * (1 - s))
+
+
+def _block_tensor(block: Any, X: Any) -> torch.Tensor:
+    from lib import MambaBlock
+    if not isinstance(block, MambaBlock):
+        raise TypeError(f"block must be a lib.MambaBlock; got {type(block).__name__}")
+    X = torch.as_tensor(np.asarray(X, dtype=float) if not torch.is_tensor(X) else X).to(block.D.dtype)
+    if X.ndim != 2 or X.shape[1] != block.d_model:
+        raise ValueError(f"X must have shape (n, {block.d_model}); got {tuple(X.shape)}")
+    return X
+
+
+def mamba_values(block: Any, X: Any) -> dict[str, torch.Tensor]:
+    """The forward quantities of a MambaBlock at one sequence X (n, d_model), recomputed from its
+    parameters (not through the block's code): u, z (n, D_in), c (conv pre-activation), v = silu(c),
+    pre (step pre-activation), Δ, B, C (n, N), A (D_in, N), h (n, D_in, N) the scan states,
+    r = o ⊙ silu(z) (the input of out_proj) and y = out_proj(r). Differentiable in X."""
+    X = _block_tensor(block, X)
+    Din, N, K, r = block.d_inner, block.d_state, block.d_conv, block.dt_rank
+    W_in, b_in = block.in_proj.weight, block.in_proj.bias
+    uz = X @ W_in.T + (0 if b_in is None else b_in)
+    u, z = uz[:, :Din], uz[:, Din:]
+    w, n = block.taps(), len(X)
+    c = u.new_zeros(n, Din) + (0 if block.conv1d.bias is None else block.conv1d.bias)
+    for k in range(min(K, n)):
+        c = c + F.pad(w[k] * u[:n - k], (0, 0, k, 0))
+    v = F.silu(c)
+    Wx = block.x_proj.weight
+    pre = (v @ Wx[:r].T) @ block.dt_proj.weight.T + block.dt_proj.bias
+    Delta = F.softplus(pre, threshold=40.0)
+    B, C = v @ Wx[r:r + N].T, v @ Wx[r + N:].T
+    A = -torch.exp(block.A_log)
+    h, states = u.new_zeros(Din, N), []
+    for t in range(n):
+        h = torch.exp(Delta[t, :, None] * A) * h + Delta[t, :, None] * B[t] * v[t, :, None]
+        states.append(h)
+    h = torch.stack(states)
+    o = torch.einsum("tqn,tn->tq", h, C) + block.D * v
+    rr = o * F.silu(z)
+    y = rr @ block.out_proj.weight.T + (0 if block.out_proj.bias is None else block.out_proj.bias)
+    return {"u": u, "z": z, "c": c, "v": v, "pre": pre, "Delta": Delta, "B": B, "C": C, "A": A, "h": h, "o": o,
+            "r": rr, "y": y}
+
+
+@dataclass(frozen=True)
+class BlockPath:
+    """J_ij of a MambaBlock by the closed form of {prf:ref}`prop-block-gradient` (`mamba_block_path`).
+
+    jacobian: J_ij (d_model, d_model); inner: ∂r_i/∂x_j (D_in, d_model), r = o ⊙ silu(z);
+    launch: j' = min(i, j + d_conv − 1), the last position the token reaches through the conv;
+    tau: τ_q = Σ_{t=j'+1}^{i} Δ_t[q] (D_in,) (zero when i <= j + d_conv − 1);
+    launch_state: S = ∂h_{j'}/∂x_j (D_in, N, d_model); bound: the bound (2') of the proposition
+    (NaN inside the window); core: what the scan core's formula (token launched at j alone, the
+    conv's later taps ignored) would give for J_ij.
+    """
+
+    jacobian: np.ndarray
+    inner: np.ndarray
+    launch: int
+    tau: np.ndarray
+    launch_state: np.ndarray
+    bound: float
+    core: np.ndarray
+
+
+def mamba_block_path(block: Any, X: Any, i: int, j: int, *, window: int | None = None,
+                     bound: bool = True) -> BlockPath:
+    """∂y_i/∂x_j of a MambaBlock (0-based 0 <= j <= i < n) by the closed form of
+    {prf:ref}`prop-block-gradient`, with hand-written derivatives (no autograd):
+
+        ∂h_i[q]/∂x_j = Σ_{t=j}^{min(i, j+K−1)} Λ_q(i, t) G_t[q],  Λ_q(i, t) = diag(exp(A[q] Σ_{s=t+1}^{i} Δ_s[q])),
+        G_t[q] = (A[q] ⊙ e^{Δ_t[q]A[q]} ⊙ h_{t−1}[q] + v_t[q] B_t) ∂Δ_t[q] + Δ_t[q] v_t[q] ∂B_t + Δ_t[q] B_t ∂v_t[q],
+        ∂r_i = silu(z_i) ⊙ (C_i·∂h_i + [i < j+K](∂C_i·h_i + D ⊙ ∂v_i)) + [i = j] o_i ⊙ silu'(z_i) W_z,
+
+    with ∂c_t = diag(w_{t−j}) V (t − j < K), J_ij = U ∂r_i. `window` overrides K (for tests only);
+    bound=False skips the bound (2'), whose spectral norms are the costly part at large widths.
+    """
+    X = _block_tensor(block, X)
+    n = len(X)
+    i, j = int(i), int(j)
+    if not 0 <= j <= i < n:
+        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    K = block.d_conv if window is None else int(window)
+    Din, N, r = block.d_inner, block.d_state, block.dt_rank
+    with torch.no_grad():
+        val = mamba_values(block, X)
+        V, Wz = block.in_proj.weight[:Din], block.in_proj.weight[Din:]
+        Wx, w, A = block.x_proj.weight, block.taps(), val["A"]
+        cum = torch.cat([val["Delta"].new_zeros(1, Din), torch.cumsum(val["Delta"], 0)])  # cum[t] = Σ_{s<t} Δ_s
+
+        def decay(upto: int, t: int) -> torch.Tensor:  # Λ(upto, t): exp(A Σ_{s=t+1}^{upto} Δ_s), (Din, N)
+            return torch.exp(A * (cum[upto + 1] - cum[t + 1])[:, None])
+
+        last = min(i, j + K - 1)
+        dv = {}
+        S = X.new_zeros(Din, N, X.shape[1])
+        core = None
+        for t in range(j, last + 1):
+            dc = (w[t - j] if t - j < w.shape[0] else torch.zeros_like(w[0]))[:, None] * V
+            dv[t] = _silu_slope(val["c"][t])[:, None] * dc
+            dDelta = torch.sigmoid(val["pre"][t])[:, None] * (block.dt_proj.weight @ (Wx[:r] @ dv[t]))
+            dB = Wx[r:r + N] @ dv[t]
+            h_prev = val["h"][t - 1] if t > 0 else torch.zeros_like(val["h"][0])
+            Dt, vt, Bt = val["Delta"][t], val["v"][t], val["B"][t]
+            G = ((A * torch.exp(Dt[:, None] * A) * h_prev + vt[:, None] * Bt)[:, :, None] * dDelta[:, None, :]
+                 + (Dt * vt)[:, None, None] * dB[None] + (Dt[:, None] * Bt)[:, :, None] * dv[t][:, None, :])
+            S = decay(t, t - 1)[:, :, None] * S + G if t > j else G
+            if t == j:
+                core = G
+        dh = decay(i, last)[:, :, None] * S
+        dh_core = decay(i, j)[:, :, None] * core
+        s_i = F.silu(val["z"][i])
+        do = torch.einsum("qnd,n->qd", dh, val["C"][i])
+        do_core = torch.einsum("qnd,n->qd", dh_core, val["C"][i])
+        if i in dv:  # the output position inside the window: C_i, v_i (skip) depend on x_j
+            dC = Wx[r + N:] @ dv[i]
+            local = torch.einsum("qn,nd->qd", val["h"][i], dC) + block.D[:, None] * dv[i]
+            do = do + local
+            do_core = do_core + (local if i == j else 0)
+        inner, inner_core = s_i[:, None] * do, s_i[:, None] * do_core
+        if i == j:
+            gate = (val["o"][i] * _silu_slope(val["z"][i]))[:, None] * Wz
+            inner, inner_core = inner + gate, inner_core + gate
+        U = block.out_proj.weight
+        tau = (cum[i + 1] - cum[last + 1]).numpy()
+        limit = math.nan
+        if bound and i > j + K - 1:
+            a_min = (-A).min(1).values
+            rows = s_i.abs() * torch.exp(-a_min * (cum[i + 1] - cum[last + 1])) * torch.linalg.matrix_norm(S, ord=2)
+            limit = float(torch.linalg.matrix_norm(U, ord=2) * torch.linalg.vector_norm(val["C"][i]) *
+                          torch.linalg.vector_norm(rows))
+        return BlockPath((U @ inner).numpy(), inner.numpy(), last, tau, S.numpy(), limit, (U @ inner_core).numpy())
+
+
+def step_projection(block: Any) -> torch.Tensor:
+    """W_Δ = dt_proj.weight · x_proj.weight[:dt_rank], shape (D_in, D_in), rank <= dt_rank: the step
+    pre-activation of a MambaBlock is W_Δ v_t + dt_proj.bias."""
+    return block.dt_proj.weight @ block.x_proj.weight[:block.dt_rank]
+
+
+def closing_slopes(block: Any, direction: Any) -> np.ndarray:
+    """σ_q(ξ) = W_Δ[q,:] relu(a(ξ)) with a(ξ) = (Σ_k w_k) ⊙ V ξ, shape (D_in,): along tokens χξ the
+    step pre-activation of channel q on a constant stretch is χσ_q(ξ) + O(1) ({prf:ref}`cor-block-gate-closing`)."""
+    xi = torch.as_tensor(np.asarray(direction, dtype=float)).to(block.D.dtype)
+    if xi.shape != (block.d_model,):
+        raise ValueError(f"direction must have shape ({block.d_model},); got {tuple(xi.shape)}")
+    with torch.no_grad():
+        a = block.taps().sum(0) * (block.in_proj.weight[:block.d_inner] @ xi)
+        return (step_projection(block) @ torch.relu(a)).numpy()
+
+
+def closing_scale(block: Any, direction: Any, channels: Any, closing: float) -> float:
+    """χ of the proof of {prf:ref}`cor-block-gate-closing`: the least χ >= 0 with
+    χσ_q(ξ) + b_Δ[q] + ‖W_Δ[q,:]‖₁(‖b̄‖_∞ + 0.2785) <= −μ for every q in `channels` (each σ_q < 0),
+    b̄ = conv bias + (Σ_k w_k) ⊙ in_proj's x-bias: then the step pre-activation is <= −μ on a constant stretch."""
+    Q = np.asarray(channels, dtype=int)
+    sigma = closing_slopes(block, direction)[Q]
+    if len(Q) == 0 or (sigma >= 0).any():
+        raise ValueError("channels must be a nonempty set of channels with σ_q(direction) < 0")
+    with torch.no_grad():
+        wsum = block.taps().sum(0)
+        bbar = torch.zeros_like(wsum)
+        if block.conv1d.bias is not None:
+            bbar = bbar + block.conv1d.bias
+        if block.in_proj.bias is not None:
+            bbar = bbar + wsum * block.in_proj.bias[:block.d_inner]
+        slack = (step_projection(block).abs().sum(1) * (bbar.abs().max() + SILU_GAP) + block.dt_proj.bias).numpy()[Q]
+    return float(max(0.0, ((closing + slack) / -sigma).max()))
+
+
+def block_closing_input(block: Any, n: int, j: int, direction: Any, chi: float, *, seed: Any = 0) -> np.ndarray:
+    """The input of {prf:ref}`cor-block-gate-closing`: random tokens of unit root-mean-square before j
+    and at j (x_j = w), then x_t = χ ξ/‖ξ‖·‖ξ‖ = χξ for t > j (0-based j); shape (n, d_model)."""
+    rng = as_generator(seed)
+    X = rng.standard_normal((n, block.d_model))
+    X /= np.sqrt((X ** 2).mean(1, keepdims=True))
+    X[j + 1:] = chi * np.asarray(direction, dtype=float)
+    return X
+
+
+@dataclass(frozen=True)
+class BlockClosing:
+    """What `block_closing_check` measured on one MambaBlock and gate-closing input.
+
+    channels: Q; chi: the scale of the closing token; longest: ‖χξ‖; worst_pre: the largest step
+    pre-activation over q ∈ Q and t > j + K − 1 (the hypothesis asks <= −μ); distances: D = i − j;
+    ratio: max_q ‖M_i[q] − J⁰_q‖ / (a_max (i − j') e^{−μ} Σ_k ‖R_{q,k}‖) per distance (<= 1 by the
+    corollary), at the largest level the input meets, μ = −worst_pre (>= the requested `closing`); drift: max_q ‖M_i[q] − J⁰_q‖/‖J⁰_q‖ per distance; autograd_gap: the closed-form
+    rows M_i[q] against autograd for a few q at the last i (relative); J_norms: ‖J_ij‖_F per distance.
+    """
+
+    channels: np.ndarray
+    chi: float
+    longest: float
+    worst_pre: float
+    distances: np.ndarray
+    ratio: np.ndarray
+    drift: np.ndarray
+    autograd_gap: float
+    J_norms: np.ndarray
+
+
+def carrying_channels(block: Any, direction: Any, count: int | None = None) -> np.ndarray:
+    """The channels q with σ_q(ξ) < 0 (the step gate closes along χξ) and W_z[q,:]ξ > 0 (the output
+    gate silu(z_q) opens, growing like χ, instead of closing like χe^{−χ|W_z[q,:]ξ|}); with `count`, the `count` of them
+    with the most negative σ_q (the smaller the |σ_q|, the larger the token that closes q)."""
+    with torch.no_grad():
+        zrow = (block.in_proj.weight[block.d_inner:] @ torch.as_tensor(np.asarray(direction, dtype=float)).to(
+            block.D.dtype)).numpy()
+    sigma = closing_slopes(block, direction)
+    Q = np.flatnonzero((sigma < 0) & (zrow > 0))
+    return Q if count is None else np.sort(Q[np.argsort(sigma[Q])[:count]])
+
+
+def block_closing_check(block: Any, n: int, j: int, direction: Any, *, closing: float = 20.0,
+                        channels: Any = None, distances: Any = None, autograd_rows: int = 3,
+                        seed: Any = 0) -> BlockClosing:
+    """{prf:ref}`cor-block-gate-closing` on a MambaBlock: Q = `channels` (default `carrying_channels`),
+    χ = `closing_scale`, X = `block_closing_input`; the hypothesis is measured on the step
+    pre-activations of the block at X, the conclusion at every i = j + K, …, n − 1 from the exact
+    rows M_i[q] = silu(z_i[q]) C_iᵀ Λ_q(i, j') S_q ({prf:ref}`prop-block-gradient`), themselves
+    compared with autograd for `autograd_rows` channels at i = n − 1. `distances`: the D = i − j
+    measured (default K, …, n − 1 − j; each >= K; the last is n − 1 − j)."""
+    Q = carrying_channels(block, direction) if channels is None else np.asarray(channels, dtype=int)
+    chi = closing_scale(block, direction, Q, closing)
+    X = block_closing_input(block, n, j, direction, chi, seed=seed)
+    K = block.d_conv
+    with torch.no_grad():
+        val = mamba_values(block, X)
+        path = mamba_block_path(block, X, j + K, j, bound=False)
+    worst_pre = float(val["pre"][j + K:, Q].max())
+    S, launch = torch.from_numpy(path.launch_state), path.launch
+    A, Delta, U = val["A"].detach(), val["Delta"].detach(), block.out_proj.weight.detach()
+    s_bar, C_bar = F.silu(val["z"][-1]).detach(), val["C"][-1].detach()
+    R = (s_bar[Q, None, None] * C_bar[None, :, None] * S[Q]).numpy()      # R_{q,k}, (|Q|, N, d)
+    J0 = R.sum(1)
+    scale = np.linalg.norm(R, axis=2).sum(1) * (-A).numpy()[Q].max(1)
+    distances = np.arange(K, n - j) if distances is None else np.asarray(distances, dtype=int)
+    if distances.min() < K or distances.max() != n - 1 - j:
+        raise ValueError(f"distances must be >= d_conv = {K} and end at n − 1 − j = {n - 1 - j}")
+    ratio, drift, norms = [], [], []
+    for D in distances:
+        i = j + D
+        tau = Delta[launch + 1:i + 1].sum(0)
+        M = (F.silu(val["z"][i]).detach()[:, None] *
+             torch.einsum("n,qnd->qd", val["C"][i].detach(), torch.exp(A * tau[:, None])[:, :, None] * S)).numpy()
+        gap = np.linalg.norm(M[Q] - J0, axis=1)
+        ratio.append((gap / (scale * (i - launch) * math.exp(worst_pre))).max())   # μ = −worst_pre >= closing
+        drift.append((gap / np.linalg.norm(J0, axis=1)).max())
+        norms.append(float(torch.linalg.matrix_norm(U @ torch.from_numpy(M))))
+    Xt = torch.from_numpy(X).requires_grad_(True)
+    r_last = mamba_values(block, Xt)["r"][-1]
+    rows = [torch.autograd.grad(r_last[q], Xt, retain_graph=True)[0][j].numpy() for q in Q[:autograd_rows]]
+    auto_gap = float(max(np.linalg.norm(row - M[q]) / np.linalg.norm(row) for row, q in zip(rows, Q)))
+    return BlockClosing(Q, chi, float(np.linalg.norm(X[-1])), worst_pre, distances, np.array(ratio),
+                        np.array(drift), auto_gap, np.array(norms))
+
+
+def alibi_attention(d: int, heads: int, n_max: int, *, d_k: int | None = None, seed: Any = 0) -> SoftmaxAttention:
+    """Causal softmax attention with Gaussian projections (`SoftmaxAttention.random`) and ALiBi's
+    position scores b_h[ℓ] = −m_h ℓ, m_h = 2^{−8h/H} (h = 1..H), shape (H, n_max)."""
+    base = SoftmaxAttention.random(d, d, heads, d_k=d_k, seed=seed)
+    bias = -alibi_slopes(heads)[:, None] * np.arange(n_max)[None, :]
+    return SoftmaxAttention(base.W_Q.detach(), base.W_K.detach(), base.W_V.detach(), base.W_O.detach(),
+                            position_bias=bias)
+
+
+@dataclass(frozen=True)
+class AlibiCheck:
+    """{prf:ref}`prop-alibi-attenuation` at one input (`alibi_check`).
+
+    weight_ratio: max over heads, queries i and keys j < i of α^h_ij / e^{−m_h(i−j) + ω^h_i};
+    sharp_ratio: the same against e^{−m_h(i−j) + s^h_ij − s^h_ii}; jacobian_ratio: max over j < i of
+    ‖J_ij‖₂ / (its bound) at the query `i`; attention: the largest α^h_ij beyond lag 0.
+    """
+
+    weight_ratio: float
+    sharp_ratio: float
+    jacobian_ratio: float
+
+
+def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None = None) -> AlibiCheck:
+    """Weights and Jacobian of an ALiBi head set at X (n, d) against {prf:ref}`prop-alibi-attenuation`:
+    α^h_ij <= e^{−m_h ℓ + s^h_ij − s^h_ii} <= e^{−m_h ℓ + ω^h_i} (ℓ = i − j >= 1, ω^h_i the range of
+    query i's content scores over t <= i) and
+    ‖J_ij‖₂ <= Σ_h min(1, e^{−m_h ℓ + s^h_ij − s^h_ii})‖V_h‖₂(1 + ‖g_h‖₂ max_{t<=i} ‖x_j − x_t‖₂)
+    at query `i` (default n − 1), g_h = W_K^{h⊤}W_Q^h x_i/√d_k. Content scores are recomputed here
+    from the projections, not read from the layer."""
+    X = torch.as_tensor(_array(X))
+    n = len(X)
+    i = n - 1 if i is None else int(i)
+    m = torch.as_tensor(_array(slopes))
+    with torch.no_grad():
+        alpha = attention.weights(X)                                          # (H, n, n)
+        Q = torch.einsum("hkd,nd->hnk", attention.W_Q, X)
+        Kt = torch.einsum("hkd,nd->hnk", attention.W_K, X)
+        s = Q @ Kt.transpose(1, 2) / math.sqrt(attention.d_k)                 # content scores (H, n, n)
+        lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        causal = lag >= 0
+        hi = s.masked_fill(~causal, -math.inf).max(-1).values
+        lo = s.masked_fill(~causal, math.inf).min(-1).values
+        omega = hi - lo                                                       # (H, n)
+        past = lag >= 1
+        env = torch.exp(-m[:, None, None] * lag + omega[:, :, None])
+        sharp = torch.exp(-m[:, None, None] * lag + s - torch.diagonal(s, dim1=1, dim2=2)[:, :, None])
+        weight_ratio = float((alpha / env)[:, past].max())
+        sharp_ratio = float((alpha / sharp)[:, past].max())
+        V = attention.values()
+        g = torch.einsum("hkd,hk->hd", attention.W_K, Q[:, i]) / math.sqrt(attention.d_k)
+        spread = torch.cdist(X[: i + 1], X[: i + 1]).max(1).values           # max_t ‖x_j − x_t‖, t <= i
+        Vn = torch.linalg.matrix_norm(V, ord=2)
+        bound = (sharp[:, i, : i + 1].clamp(max=1) * (Vn[:, None] * (1 + torch.linalg.vector_norm(g, dim=1)[:, None] * spread))).sum(0)
+    J = jacobian_blocks(attention, X.numpy(), i)                              # (i + 1, p, d)
+    Jn = np.linalg.norm(J, ord=2, axis=(1, 2))
+    return AlibiCheck(weight_ratio, sharp_ratio, float((Jn[:i] / bound.numpy()[:i]).max()))
+
+
+def planted_alibi_input(attention: SoftmaxAttention, n: int, lag: int, *, head: int = 0, radius: float | None = None,
+                        seed: Any = 0) -> np.ndarray:
+    """Adversarial input for {prf:ref}`prop-alibi-attenuation`: random tokens of norm `radius`
+    (default √d), and at j = n − 1 − lag the key that maximises head `head`'s content score
+    s_{n−1,j} over the ball of that radius: x_j = radius · g/‖g‖, g = W_K^⊤W_Q x_{n−1}."""
+    rng = as_generator(seed)
+    X = rng.standard_normal((n, attention.d))
+    R = math.sqrt(attention.d) if radius is None else float(radius)
+    X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+    with torch.no_grad():
+        g = (attention.W_K[head].T @ attention.W_Q[head] @ torch.from_numpy(X[-1])).numpy()
+    X[n - 1 - lag] = R * g / np.linalg.norm(g)
+    return X
+
+
+def probe_profile(model: Any, X: Any, i: int | None = None, *, probes: int = 4, seed: Any = 0) -> np.ndarray:
+    """An estimate of ‖J_{i,i−D}‖_F, D = 0..i (default i = n − 1), from `probes` Gaussian output
+    directions g ~ N(0, I_p): the root mean square of ‖gᵀJ_{i,j}‖₂ over the probes (E‖gᵀJ‖² = ‖J‖_F²),
+    one reverse pass each — for widths where the p passes of `jacobian_norms` are too slow."""
+    rng = as_generator(seed)
+    X = torch.as_tensor(_array(X)).to(model.dtype if hasattr(model, "dtype") else torch.float64)
+    n = len(X)
+    i = n - 1 if i is None else int(i)
+    X = X.clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = model(X)[i]
+        G = torch.from_numpy(rng.standard_normal((probes, y.shape[-1]))).to(y.dtype)
+        sq = sum(torch.autograd.grad(y @ G[k], X, retain_graph=k + 1 < probes)[0][: i + 1].pow(2).sum(1)
+                 for k in range(probes))
+    return np.sqrt(sq.detach().to(torch.float64).numpy() / probes)[::-1].copy()
+
+
+def mamba2_values(block: Any, X: Any) -> dict[str, torch.Tensor]:
+    """The forward quantities of a Mamba2Block at one sequence X (n, d_model), recomputed from its
+    parameters: z, v (n, D_in), Δ (n, H), B, C (n, G, N), a (H,), s (n, H, N, headdim) the states,
+    r = o ⊙ silu(z) (n, D_in) and y. Differentiable in X."""
+    from lib import Mamba2Block
+    if not isinstance(block, Mamba2Block):
+        raise TypeError(f"block must be a lib.Mamba2Block; got {type(block).__name__}")
+    X = torch.as_tensor(np.asarray(X, dtype=float) if not torch.is_tensor(X) else X).to(block.D.dtype)
+    Din, G, N, H, P = block.d_inner, block.ngroups, block.d_state, block.nheads, block.headdim
+    proj = X @ block.in_proj.weight.T + (0 if block.in_proj.bias is None else block.in_proj.bias)
+    z, xBC, dt = proj.split([Din, Din + 2 * G * N, H], -1)
+    w, n = block.conv1d.weight[:, 0].flip(-1).T, len(X)                  # (K, conv_dim)
+    pre = xBC.new_zeros(xBC.shape) + (0 if block.conv1d.bias is None else block.conv1d.bias)
+    for k in range(min(block.d_conv, n)):
+        pre = pre + F.pad(w[k] * xBC[:n - k], (0, 0, k, 0))
+    v, B, C = F.silu(pre).split([Din, G * N, G * N], -1)
+    B, C = B.unflatten(-1, (G, N)), C.unflatten(-1, (G, N))
+    Delta, a = F.softplus(dt + block.dt_bias, threshold=40.0), -torch.exp(block.A_log)
+    group = torch.arange(H) // (H // G)
+    heads = v.unflatten(-1, (H, P))
+    s, states = X.new_zeros(H, N, P), []
+    for t in range(n):
+        s = torch.exp(Delta[t] * a)[:, None, None] * s + Delta[t][:, None, None] * B[t, group][:, :, None] * heads[t][:, None, :]
+        states.append(s)
+    s = torch.stack(states)
+    o = torch.einsum("thnp,thn->thp", s, C[:, group]) + block.D[:, None] * heads
+    r = o.flatten(-2) * F.silu(z)
+    y = (block.norm.weight * r * block.norm.inverse_rms(r)) @ block.out_proj.weight.T
+    y = y if block.out_proj.bias is None else y + block.out_proj.bias
+    return {"z": z, "v": v, "Delta": Delta, "B": B, "C": C, "a": a, "s": s, "r": r, "y": y}
+
+
+def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int | None = None) -> np.ndarray:
+    """J_ij of a Mamba2Block for D = i − j >= d_conv by the Mamba-2 form of (1′)
+    ({prf:ref}`prop-block-gradient` 4): U N′(r_i) diag(silu z_i) [e^{a_h τ_h} C_iᵀ S^h]_h with
+    S^h = ∂s^h_{j'}/∂x_j (j' = j + K − 1; by autograd of the state alone), τ_h = Σ_{t=j'+1}^{i} Δ^h_t and
+    N′ the norm's Jacobian at r_i (autograd of the position-wise norm). `window` overrides K (tests)."""
+    K = block.d_conv if window is None else int(window)
+    X = torch.as_tensor(_array(X))
+    jp = j + K - 1
+    if not j + block.d_conv <= i < len(X):
+        raise ValueError(f"need j + d_conv <= i < n; got i = {i}, j = {j}")
+    H = block.nheads
+
+    def state(xj: torch.Tensor) -> torch.Tensor:
+        Y = torch.cat([X[:j], xj[None], X[j + 1:jp + 1]])
+        return mamba2_values(block, Y)["s"][jp]                            # (H, N, P)
+
+    S = torch.autograd.functional.jacobian(state, X[j])                    # (H, N, P, d)
+    with torch.no_grad():
+        val = mamba2_values(block, X)
+        group = torch.arange(H) // (H // block.ngroups)
+        tau = val["Delta"][jp + 1:i + 1].sum(0)                             # (H,)
+        dO = torch.exp(val["a"] * tau)[:, None, None] * torch.einsum("hn,hnpd->hpd", val["C"][i, group], S)
+        dR = F.silu(val["z"][i])[:, None] * dO.flatten(0, 1)               # (D_in, d)
+    norm = torch.autograd.functional.jacobian(lambda r: block.norm.weight * r * block.norm.inverse_rms(r),
+                                              val["r"][i].detach())
+    return (block.out_proj.weight @ norm @ dR).detach().numpy()
+
+
+def block_window_rows(block: Any, X: Any, outputs: Any) -> list[dict[str, Any]]:
+    """For each output i in `outputs` and j <= i: D = i − j and, relative to ‖J_ij‖_F (autograd,
+    `jacobian_blocks`), the error of `mamba_block_path`'s closed form, of the scan core's formula
+    (`BlockPath.core`), and ‖J_ij‖_F / the bound (2′) (NaN inside the window)."""
+    rows = []
+    for i in outputs:
+        J = jacobian_blocks(block, X, i)
+        for j in range(i + 1):
+            path, ref = mamba_block_path(block, X, i, j), np.linalg.norm(J[j])
+            rows.append({"D": i - j, "error": np.linalg.norm(path.jacobian - J[j]) / ref,
+                         "core": np.linalg.norm(path.core - J[j]) / ref, "ratio": ref / path.bound})
+    return rows
+
+
+def mamba2_window_rows(block: Any, X: Any, windows: Any = (4, 3)) -> list[dict[str, Any]]:
+    """At the last output i = n − 1 and every j <= i − d_conv: the error of `mamba2_window_prediction`
+    relative to ‖J_ij‖_F (autograd), once per launch window K in `windows` (the block's own first)."""
+    n = len(_array(X))
+    J = jacobian_blocks(block, X, n - 1)
+    return [{"D": n - 1 - j, "K": K, "error": np.linalg.norm(mamba2_window_prediction(block, X, n - 1, j, window=K)
+                                                           - J[j]) / np.linalg.norm(J[j])}
+            for j in range(n - block.d_conv) for K in windows]
+
+
+def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 0) -> tuple[np.ndarray, dict]:
+    """(g, row): the probe estimate g(D) of `probe_profile` at the last output, and its readings —
+    the reach against g(1) and against g(4) (`read_profile` from D = 4 on), g(4)/g(1), g(n−1)/g(1)."""
+    g = probe_profile(block, X, probes=probes, seed=seed)
+    return g, {"reach from g(1)": read_profile(g, eps).reach, "reach from g(4)": 3 + read_profile(g[3:], eps).reach,
+               "g(4)/g(1)": g[4] / g[1], "g(n−1)/g(1)": g[-1] / g[1]}
+
+
+ALIBI_COLUMNS = {"weight_ratio": "α / e^{−mℓ+ω}", "sharp_ratio": "α / e^{−mℓ+s_ij−s_ii}",
+                 "jacobian_ratio": "‖J‖ / bound 2"}
+
+
+def alibi_battery(attention: SoftmaxAttention, slopes: Any, n: int, rng: np.random.Generator, *,
+                  scales: Any = (0.3, 1.0, 3.0), lags: Any = (1, 4, 16), radius: float = 8.0) -> pd.DataFrame:
+    """`alibi_check` on Gaussian inputs (n, d) at `scales`, and on `planted_alibi_input` for every head
+    and every lag in `lags` ∪ {n − 1} below n; columns `ALIBI_COLUMNS`, one row per input."""
+    rows = [{"input": f"Gaussian ×{s:g}"} | vars(alibi_check(attention, s * rng.standard_normal((n, attention.d)),
+                                                              slopes)) for s in scales]
+    for head in range(attention.H):
+        for lag in sorted((set(lags) | {n - 1}) & set(range(1, n))):
+            X = planted_alibi_input(attention, n, lag, head=head, radius=radius, seed=head)
+            rows.append({"input": f"planted, head {head + 1}, lag {lag}"} | vars(alibi_check(attention, X, slopes)))
+    return pd.DataFrame(rows).rename(columns=ALIBI_COLUMNS)

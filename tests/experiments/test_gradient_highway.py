@@ -8,8 +8,6 @@ from math import comb
 import numpy as np
 import pytest
 import torch
-
-import lib
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,14 +15,53 @@ from scipy.stats import linregress
 from scipy.stats import t as student_t
 
 import experiments.gradient_highway as gh
+import lib
 from experiments.gradient_highway import (
-    RecallResult, RecallTask, decay_report, fit_decay_rate, frozen_gate_optimum, frozen_gate_response,
-    gate_closing_check, gate_closing_input, gate_closing_profile, hybrid_stack, initial_gradient_norm,
-    key_price, lag_norms, lti_stack, planted_key_input, planted_key_profile, random_profiles, recall_model,
-    recall_sweep, rnn_jacobian, saturating_input, saturation_subset, scalar_stack, selective_jacobian, signal_sweep,
-    ssm_decay_bound, ssm_layer, stable_ssm, stack_decay_bound, train_recall, with_constant_step)
-from lib import (SSD, ElmanRNN, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, architecture_zoo,
-                 jacobian_blocks, jacobian_norms, s4d_ssm)
+    RecallResult,
+    RecallTask,
+    decay_report,
+    fit_decay_rate,
+    frozen_gate_optimum,
+    frozen_gate_response,
+    gate_closing_check,
+    gate_closing_input,
+    gate_closing_profile,
+    hybrid_stack,
+    initial_gradient_norm,
+    key_price,
+    lag_norms,
+    lti_stack,
+    planted_key_input,
+    planted_key_profile,
+    random_profiles,
+    recall_model,
+    recall_sweep,
+    rnn_jacobian,
+    saturating_input,
+    saturation_subset,
+    scalar_stack,
+    selective_jacobian,
+    signal_sweep,
+    ssm_decay_bound,
+    ssm_layer,
+    stable_ssm,
+    stack_decay_bound,
+    train_recall,
+    with_constant_step,
+)
+from lib import (
+    SSD,
+    ElmanRNN,
+    LinearAttention,
+    LinearSSM,
+    SelectiveSSM,
+    SoftmaxAttention,
+    Stack,
+    architecture_zoo,
+    jacobian_blocks,
+    jacobian_norms,
+    s4d_ssm,
+)
 
 FAST = settings(max_examples=15, deadline=None)
 mpow = np.linalg.matrix_power
@@ -1226,9 +1263,22 @@ def test_signal_sweep_is_the_initial_gradient_of_fresh_models_on_the_blank_task(
 
 
 from experiments.gradient_highway import (  # noqa: E402
-    STANDARD_STEPS, SWEEP_KINDS, adversarial_profile, alternating_saturation_input, lower_median, reach_row,
-    read_profile, shrink_to, slope_products, standard_zoo, sweep_model, switching_saturation_input, torch_default_rnn)
-from lib import SSD as _SSD, DiagonalSSM, SharedStateSSM  # noqa: E402
+    STANDARD_STEPS,
+    SWEEP_KINDS,
+    adversarial_profile,
+    alternating_saturation_input,
+    lower_median,
+    reach_row,
+    read_profile,
+    shrink_to,
+    slope_products,
+    standard_zoo,
+    sweep_model,
+    switching_saturation_input,
+    torch_default_rnn,
+)
+from lib import SSD as _SSD  # noqa: E402
+from lib import DiagonalSSM, SharedStateSSM
 
 
 def test_read_profile_tells_growth_preservation_and_decay_apart():
@@ -1842,3 +1892,169 @@ def test_prop_selective_gradient_closed_gate_change_is_relative_to_the_norm_prod
     moved = np.linalg.norm(C @ (np.diag(np.exp(-rates * tau)) - np.eye(2)) @ Js)
     assert np.linalg.norm(C @ Js) == 0 and moved > 0
     assert moved <= (1 - np.exp(-rates.max() * tau)) * np.linalg.norm(C) * np.linalg.norm(Js, 2)
+
+
+# --- the blocks as built -----------------------------------------------------------------
+
+from experiments.gradient_highway import (  # noqa: E402
+    alibi_attention,
+    alibi_check,
+    alibi_slopes,
+    block_closing_check,
+    carrying_channels,
+    closing_scale,
+    closing_slopes,
+    mamba_block_path,
+    mamba_values,
+    planted_alibi_input,
+    probe_profile,
+)
+from lib import MambaBlock  # noqa: E402
+
+
+def _small_block(seed=0, **kw):
+    return MambaBlock(4, d_state=3, seed=seed, dt_min=0.01, dt_max=0.5, **kw)
+
+
+def test_mamba_values_reproduce_the_block():
+    block = _small_block(bias=True)
+    X = np.random.default_rng(0).standard_normal((9, 4))
+    assert np.allclose(mamba_values(block, X)["y"].detach().numpy(), block(torch.from_numpy(X)).detach().numpy(),
+                       rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("kw", [{}, {"bias": True}, {"d_conv": 2}, {"conv_bias": False}])
+def test_prop_block_gradient_closed_form_equals_autograd_at_every_distance(kw):
+    block = _small_block(seed=1, **kw)
+    X = np.random.default_rng(1).standard_normal((10, 4)) * 3
+    for i in (9, 4):
+        J = jacobian_blocks(block, X, i)
+        for j in range(i + 1):
+            path = mamba_block_path(block, X, i, j)
+            assert np.allclose(path.jacobian, J[j], rtol=1e-10, atol=1e-12 * np.abs(J[j]).max())
+
+
+def test_prop_block_gradient_fails_with_a_wrong_window_and_the_scan_core_formula():
+    block = _small_block(seed=2)
+    X = np.random.default_rng(2).standard_normal((10, 4))
+    J = jacobian_blocks(block, X, 9)
+    for j in (3, 5, 6):    # D = 6, 4, 3: the fourth tap reaches i or lies before it
+        assert not np.allclose(mamba_block_path(block, X, 9, j, window=3).jacobian, J[j], rtol=1e-3)
+        assert not np.allclose(mamba_block_path(block, X, 9, j).core, J[j], rtol=1e-3)
+
+
+def test_prop_block_gradient_beyond_the_window_is_the_rescaled_launch_and_obeys_the_bound():
+    block = _small_block(seed=3)
+    X = np.random.default_rng(3).standard_normal((12, 4))
+    K = block.d_conv
+    val = mamba_values(block, X)
+    for j, i in ((0, 11), (2, 6), (5, 11)):
+        path = mamba_block_path(block, X, i, j)
+        assert path.launch == j + K - 1
+        A, S = val["A"].detach().numpy(), path.launch_state
+        lam = np.exp(A * path.tau[:, None])
+        inner = torch.nn.functional.silu(val["z"][i]).detach().numpy()[:, None] * np.einsum(
+            "n,qnd->qd", val["C"][i].detach().numpy(), lam[:, :, None] * S)
+        assert np.allclose(inner, path.inner, rtol=1e-10, atol=1e-14)
+        assert np.isclose(path.tau.sum(), val["Delta"][j + K:i + 1].sum().item())
+        assert np.linalg.norm(path.jacobian) <= path.bound
+    assert np.isnan(mamba_block_path(block, X, 5, 3).bound)
+
+
+def test_cor_block_gate_closing_hypothesis_and_conclusion_on_a_small_block():
+    block = _small_block(seed=1)
+    xi = np.random.default_rng(5).standard_normal(4)
+    Q = carrying_channels(block, xi)
+    assert len(Q) > 0
+    found = block_closing_check(block, 20, 2, xi, closing=15.0)
+    assert found.worst_pre <= -15.0
+    assert found.ratio.max() <= 1 and found.drift.max() < 1e-4 and found.autograd_gap < 1e-10
+
+
+def test_cor_block_gate_closing_scale_is_needed_and_sufficient_on_a_constant_stretch():
+    block = _small_block(seed=4)
+    xi = np.random.default_rng(6).standard_normal(4)
+    sigma = closing_slopes(block, xi)
+    Q = np.flatnonzero(sigma < 0)
+    chi = closing_scale(block, xi, Q, 12.0)
+    pre = lambda c: mamba_values(block, np.tile(c * xi, (6, 1)))["pre"][-1].detach().numpy()[Q]
+    assert pre(chi).max() <= -12.0
+    assert pre(0.0).max() > -12.0            # the zero token does not close them
+    with pytest.raises(ValueError, match="channels"):
+        closing_scale(block, xi, np.flatnonzero(sigma >= 0), 12.0)
+
+
+def test_cor_block_gate_closing_output_gate_decides_which_channels_carry():
+    block = _small_block(seed=1)
+    xi = np.random.default_rng(5).standard_normal(4)
+    zrow = block.in_proj.weight[block.d_inner:].detach().numpy() @ xi
+    Q = carrying_channels(block, xi)
+    assert (zrow[Q] > 0).all() and (closing_slopes(block, xi)[Q] < 0).all()
+
+
+def test_prop_alibi_attenuation_bounds_hold_and_the_sharp_one_is_attained():
+    att = alibi_attention(8, 4, 20, seed=0)
+    m = alibi_slopes(4)
+    rng = np.random.default_rng(0)
+    for X in (rng.standard_normal((20, 8)), 5 * rng.standard_normal((20, 8))):
+        found = alibi_check(att, X, m)
+        assert max(found.weight_ratio, found.sharp_ratio, found.jacobian_ratio) <= 1 + 1e-12
+    X = planted_alibi_input(att, 20, 10, head=1, radius=8.0)
+    assert alibi_check(att, X, m).sharp_ratio > 0.99
+
+
+def test_prop_alibi_attenuation_check_fails_with_a_wrong_sign_or_slope():
+    att = alibi_attention(8, 4, 20, seed=0)
+    m = alibi_slopes(4)
+    rising = SoftmaxAttention(att.W_Q.detach(), att.W_K.detach(), att.W_V.detach(), att.W_O.detach(),
+                              position_bias=m[:, None] * np.arange(20)[None, :])
+    X = np.random.default_rng(1).standard_normal((20, 8))
+    assert alibi_check(rising, X, m).sharp_ratio > 1
+    planted = planted_alibi_input(att, 20, 10, head=1, radius=8.0)
+    assert alibi_check(att, planted, 1.01 * m).sharp_ratio > 1
+
+
+def test_probe_profile_estimates_the_frobenius_norms():
+    block = _small_block(seed=0)
+    X = np.random.default_rng(0).standard_normal((16, 4))
+    exact = jacobian_norms(block, X, 15)[::-1]
+    est = probe_profile(block, X, probes=4000, seed=0)
+    assert np.allclose(est, exact, rtol=0.1)
+
+
+@pytest.mark.parametrize("kw", [{}, {"ngroups": 2}, {"bias": True}])
+def test_prop_block_gradient_mamba2_beyond_the_window_equals_autograd(kw):
+    from experiments.gradient_highway import mamba2_values, mamba2_window_prediction
+    from lib import Mamba2Block
+    block = Mamba2Block(8, d_state=4, headdim=4, seed=0, dt_min=0.05, dt_max=0.5, **kw)
+    X = np.random.default_rng(0).standard_normal((11, 8))
+    assert np.allclose(mamba2_values(block, X)["y"].detach().numpy(), block(torch.from_numpy(X)).detach().numpy(),
+                       rtol=1e-12, atol=1e-13)
+    J = jacobian_blocks(block, X, 10)
+    for j in (0, 3, 6):
+        ref = np.linalg.norm(J[j])
+        assert np.linalg.norm(mamba2_window_prediction(block, X, 10, j) - J[j]) <= 1e-10 * ref
+        assert np.linalg.norm(mamba2_window_prediction(block, X, 10, j, window=3) - J[j]) > 1e-3 * ref
+    with pytest.raises(ValueError, match="d_conv"):
+        mamba2_window_prediction(block, X, 10, 8)
+
+
+def test_block_helpers_read_what_they_say():
+    from experiments.gradient_highway import (
+        alibi_battery,
+        block_reach_row,
+        block_window_rows,
+        mamba2_window_rows,
+    )
+    from lib import Mamba2Block
+    block = _small_block(seed=0)
+    X = np.random.default_rng(0).standard_normal((9, 4))
+    rows = block_window_rows(block, X, (8,))
+    assert [r["D"] for r in rows] == list(range(8, -1, -1)) and max(r["error"] for r in rows) < 1e-10
+    assert all(np.isnan(r["ratio"]) == (r["D"] < 4) for r in rows)
+    m2 = mamba2_window_rows(Mamba2Block(8, d_state=4, headdim=4, seed=0), np.random.default_rng(1).standard_normal((8, 8)))
+    assert sorted({r["D"] for r in m2}) == [4, 5, 6, 7] and {r["K"] for r in m2} == {3, 4}
+    g, row = block_reach_row(block, X, probes=2000, eps=1e-3)
+    assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], g[4] / g[1])
+    table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
+    assert len(table) == 3 + 2 * 2 and not table["input"].str.contains("lag 20").any()
