@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
-                 min_heads, operator_span, optimal_head_errors, truncated_heads)
+from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator,
+                 fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
@@ -139,38 +139,14 @@ def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: in
                             max_iter: int = 1000) -> float:
     """The least Σ_i E‖y_i − ŷ_i‖² an optimiser finds for H heads whose value maps have rank <= `rank`.
 
-    V_h = P_h Q_h with P_h (p, rank), Q_h (rank, d); input-independent coefficients, eliminated by
-    projection (`value_span_error`). One L-BFGS run (strong Wolfe, up to max_iter iterations) on
-    the sum over `restarts` Gaussian starts (default_rng(seed)), the best kept. It stops at or
+    `lib.fit_rank_limited_heads` on the weighted lags G (its relative error squared, times ‖G‖²_F):
+    input-independent coefficients, eliminated by projection (`value_span_error`). It stops at or
     above the least error, and approaches an infimum that is not attained only slowly
     ({prf:ref}`prop-rank-limited-heads`).
     """
-    G = _weighted_lags(ssm, n)
-    p, d = ssm.p, ssm.d
-    energy = float((G ** 2).sum())
-    if H == 0 or energy == 0:
-        return energy
-    rows = torch.tensor(G / math.sqrt(energy))
-    rng = np.random.default_rng(seed)
-    P = torch.tensor(rng.standard_normal((restarts, H, p, rank)), requires_grad=True)
-    Q = torch.tensor(rng.standard_normal((restarts, H, rank, d)), requires_grad=True)
-    optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-14,
-                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
-
-    def errors() -> torch.Tensor:
-        basis = torch.linalg.qr((P @ Q).reshape(restarts, H, p * d).transpose(1, 2))[0]  # (R, pd, H)
-        return 1.0 - ((rows @ basis) ** 2).sum((1, 2))
-
-    def closure() -> torch.Tensor:
-        optimiser.zero_grad()
-        loss = errors().sum()
-        loss.backward()
-        return loss
-
-    optimiser.step(closure)
-    with torch.no_grad():
-        best = float(errors().min())
-    return max(best, 0.0) * energy
+    error = fit_rank_limited_heads(ssm, n, H, rank, weighted=True, restarts=restarts, seed=seed,
+                                   max_iter=max_iter)[0]
+    return error ** 2 * float((_weighted_lags(ssm, n) ** 2).sum())
 
 
 ROTATION_SCALINGS = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, -1.0], [1.0, 0.0]]])  # I, J
