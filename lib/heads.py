@@ -266,8 +266,8 @@ def _flat_rank(blocks: np.ndarray, rtol: float) -> int:
 def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
     # The tight case of thm-rank-limited-heads (3): m = the rank of a generic M in the span, and
     # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
-    # of dimension r in one basis (non-real eigenvalues, non-commuting, or eigenspaces of a
-    # dimension not a multiple of r). Returns (m, V, failed): V (m/r, p, d), values of rank <= r
+    # of dimension r in one basis (non-real eigenvalues, non-commuting, not diagonalisable, or
+    # eigenspaces of a dimension not a multiple of r). Returns (m, V, failed): V (m/r, p, d), values of rank <= r
     # whose span holds every Q_b (checked), or None.
     g = np.random.default_rng(0)
     M = np.einsum("b,bpd->pd", g.standard_normal(len(Q)), Q)
@@ -290,6 +290,10 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
     clusters = np.split(np.arange(m), cuts)
     if any(len(c) % r for c in clusters) and np.diff(lam).min(initial=np.inf) > 1e-3 * scale:
         return m, None, True                                          # well-separated eigenvalues, wrong sizes
+    for c in clusters:  # an eigenvalue with fewer eigenvectors than its multiplicity: not diagonalisable
+        shifted = mixed - lam[c].mean() * np.eye(m)
+        if (np.linalg.svd(shifted, compute_uv=False) > 1e-4 * scale).sum() > m - len(c):
+            return m, None, True
     if any(len(c) % r for c in clusters) or np.linalg.cond(T) > 1e8:
         return m, None, False                                         # undecided: no claim either way
     # Split each eigenspace into pieces of dimension r: V_h = M R T_h S_h (S = T⁻¹), rank <= r.
@@ -357,6 +361,26 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
         if m % r_prime == 0 and _scalar_blocks(Q, r_prime, rtol)[1] is not None:
             upper = min(upper, m // r_prime)
     return lower, upper
+
+
+def rank_limited_error_floor(ssm: Any, n: int, H: int, r: int, rtol: float = 1e-10) -> float:
+    """A proved lower bound on the relative error of `fit_rank_limited_heads` (weighted=False) for any V.
+
+    {prf:ref}`thm-rank-limited-heads` (4): with Q_b an orthonormal basis of the lag span (k of them),
+    error² >= max((k − H)/k, Σ_{t>Hr} σ_t([Q_1 … Q_k])²/k, the same for [Q_1ᵀ … Q_kᵀ]); the square root.
+    0 for k = 0. Positive iff H < max(k, ⌈c/r⌉, ⌈q/r⌉).
+    """
+    ssm, n, H = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
+    r, rtol = check_int(r, "r"), check_rtol(rtol)
+    Q = _lag_span(ssm, n, rtol)[1].basis
+    k = len(Q)
+    if k == 0:
+        return 0.0
+    tails = [max(k - H, 0)]
+    for blocks in (Q, Q.transpose(0, 2, 1)):
+        sigma = np.linalg.svd(np.concatenate(list(blocks), axis=1), compute_uv=False)
+        tails.append(float((sigma[H * r:] ** 2).sum()))
+    return math.sqrt(max(tails) / k)
 
 
 def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool = False, restarts: int = 8,
