@@ -139,13 +139,13 @@ def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: in
                             max_iter: int = 1000) -> float:
     """The least Σ_i E‖y_i − ŷ_i‖² an optimiser finds for H heads whose value maps have rank <= `rank`.
 
-    `lib.fit_rank_limited_heads` on the weighted lags G (its relative error squared, times ‖G‖²_F):
+    `lib.fit_rank_limited_heads` (L-BFGS) on the weighted lags G (its relative error squared, times ‖G‖²_F):
     input-independent coefficients, eliminated by projection (`value_span_error`). It stops at or
     above the least error, and approaches an infimum that is not attained only slowly
     ({prf:ref}`prop-rank-limited-heads`).
     """
-    error = fit_rank_limited_heads(ssm, n, H, rank, weighted=True, restarts=restarts, seed=seed,
-                                   max_iter=max_iter)[0]
+    error = fit_rank_limited_heads(ssm, n, H, rank, weighted=True, method="lbfgs", restarts=restarts,
+                                   seed=seed, max_iter=max_iter)[0]
     return error ** 2 * float((_weighted_lags(ssm, n) ** 2).sum())
 
 

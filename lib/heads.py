@@ -20,6 +20,7 @@ import torch
 from ._validation import as_generator, as_tensor, check_choice, check_int, check_real, check_shape
 from .attention import RelativeHeads
 from .spans import OperatorSpan, check_rtol, rank, span_of_rows
+from .ssm import LinearSSM
 
 
 def _check_lti(ssm: Any, name: str = "ssm") -> Any:
@@ -307,11 +308,8 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
 
 
 def _mode_counts(ssm: Any) -> tuple[int, int] | None:
-    # (N_ℝ, N_ℂ): real eigenvalues and conjugate pairs of a diagonalisable A (LinearSSM), or None.
-    A = getattr(ssm, "A", None)
-    if not isinstance(A, torch.Tensor) or A.ndim != 2 or A.shape[0] != A.shape[1]:
-        return None
-    lam, vectors = np.linalg.eig(A.detach().to(torch.float64).numpy())
+    # (N_ℝ, N_ℂ): real eigenvalues and conjugate pairs of a LinearSSM's A if diagonalisable, or None.
+    lam, vectors = np.linalg.eig(ssm.A.detach().to(torch.float64).numpy())
     if not np.isfinite(lam).all() or np.linalg.cond(vectors) > 1e8:
         return None
     complex_ = int((np.abs(lam.imag) > 1e-12 * max(np.abs(lam).max(), 1e-300)).sum())
@@ -354,7 +352,7 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     upper = min(sum(-(-rank(np.linalg.svd(B, compute_uv=False), rtol) // r) for B in basis)
                 for basis in bases)
     upper = min(upper, c * q)
-    modes = _mode_counts(ssm)
+    modes = _mode_counts(ssm) if isinstance(ssm, LinearSSM) else None  # lags exactly C A^ℓ B (no skip D)
     if modes is not None:  # part 2: a rank-one value per real mode, 3 (r = 1) or 2 (r >= 2) per complex pair
         upper = min(upper, modes[0] + (3 if r == 1 else 2) * modes[1])
     for r_prime in range(1, min(r, m) + 1):
@@ -383,19 +381,62 @@ def rank_limited_error_floor(ssm: Any, n: int, H: int, r: int, rtol: float = 1e-
     return math.sqrt(max(tails) / k)
 
 
-def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool = False, restarts: int = 8,
-                           seed: Any = 0, max_iter: int = 500, rtol: float = 1e-10) -> tuple[float, np.ndarray]:
+def _span_error(rows: np.ndarray, V: np.ndarray) -> float:
+    # Σ ‖rows − rows Π_V‖² for values V (H, pd): the rows' squared distance to span{V_h} (QR basis).
+    basis = np.linalg.qr(V.T)[0]
+    return float(((rows - (rows @ basis) @ basis.T) ** 2).sum())
+
+
+def _rank_limited_als(rows: np.ndarray, p: int, d: int, H: int, r: int, rng: np.random.Generator,
+                      max_iter: int) -> tuple[float, np.ndarray]:
+    # Alternating least squares on rows_b ≈ Σ_h C_bh U_h W_hᵀ over C (m, H), U (p, Hr), W (d, Hr):
+    # each block is a linear least-squares problem. Returns the variable-projection error of the
+    # final V (the best C for it) and V (H, p, d).
+    m = len(rows)
+    blocks = rows.reshape(m, p, d)
+    side_by_side = np.concatenate(list(blocks), axis=1)                       # (p, m·d)
+    stacked_rows = np.concatenate(list(blocks.transpose(0, 2, 1)), axis=1)    # (d, m·p)
+    U, W = rng.standard_normal((p, H * r)), rng.standard_normal((d, H * r))
+
+    def values() -> np.ndarray:
+        return np.einsum("phr,dhr->hpd", U.reshape(p, H, r), W.reshape(d, H, r)).reshape(H, p * d)
+
+    previous = np.inf
+    for step in range(max_iter):
+        C = np.repeat(np.linalg.lstsq(values().T, rows.T, rcond=None)[0].T, r, axis=1)  # (m, Hr)
+        Z = np.concatenate([(W * C[b]).T for b in range(m)], axis=1)          # rows_b = U Z_b
+        U = np.linalg.lstsq(Z.T, side_by_side.T, rcond=None)[0].T
+        Y = np.concatenate([(U * C[b]).T for b in range(m)], axis=1)          # rows_bᵀ = W Y_b
+        W = np.linalg.lstsq(Y.T, stacked_rows.T, rcond=None)[0].T
+        scale = np.sqrt(np.linalg.norm(U, axis=0) / np.maximum(np.linalg.norm(W, axis=0), 1e-300))
+        U, W = U / np.maximum(scale, 1e-300), W * scale                       # balance the factors
+        if step % 20 == 19:
+            current = _span_error(rows, values())
+            if current <= 1e-26 or not previous - current > 1e-12 * current:  # exact, or stalled
+                break
+            previous = current
+    V = values()
+    return _span_error(rows, V), V.reshape(H, p, d)
+
+
+def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool = False, method: str = "als",
+                           restarts: int = 8, seed: Any = 0, max_iter: int = 2000,
+                           rtol: float = 1e-10) -> tuple[float, np.ndarray]:
     """(relative error, V (H, p, d)): the best fit an optimiser finds with H value maps of rank <= r.
 
     Error² = Σ_b dist(Q_b, span{V_h})²_F / Σ_b ‖Q_b‖²_F, with Q_b an orthonormal basis of the lag span
-    (rtol as in `min_heads`): 0 iff the H heads represent the map ({prf:ref}`thm-rank-limited-heads`).
-    weighted: the rows of G instead (√(n − ℓ) vec L_ℓ): the population error of the best coefficients
-    over its H = 0 value ({prf:ref}`thm-approx-head-count`). V_h = U_h W_hᵀ, U_h (p, r), W_h (d, r);
-    one L-BFGS run (strong Wolfe, up to max_iter iterations) on the sum over `restarts` Gaussian
-    starts (default_rng(seed)), the best kept. An optimiser: it stops at or above the least error.
+    (rtol as in `min_heads`), the e of {prf:ref}`thm-rank-limited-heads` (5): 0 iff the H heads
+    represent the map. weighted: the rows of G (√(n − ℓ) vec L_ℓ) instead, the population error of
+    the best coefficients over its H = 0 value ({prf:ref}`thm-approx-head-count`). V_h = U_h W_hᵀ,
+    U_h (p, r), W_h (d, r). "als": alternating least squares on (coefficients, U, W), up to max_iter
+    sweeps per start, stopped when 20 sweeps gain < 1e-12 relative; "lbfgs": one L-BFGS run (strong
+    Wolfe, max_iter iterations) on V with the coefficients eliminated, summed over the starts.
+    The best of `restarts` Gaussian starts (default_rng(seed)). An optimiser: it stops at or above
+    the least error, and slowly where that is an infimum not attained.
     """
     ssm, n, H, r = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0), check_int(r, "r")
     restarts, max_iter = check_int(restarts, "restarts"), check_int(max_iter, "max_iter")
+    method = check_choice(method, "method", ("als", "lbfgs"))
     if not isinstance(weighted, bool):
         raise TypeError(f"weighted must be a bool; got {type(weighted).__name__}")
     p, d = ssm.p, ssm.d
@@ -407,8 +448,15 @@ def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool =
     energy = float((rows ** 2).sum())
     if H == 0 or energy == 0:
         return (1.0 if energy else 0.0), np.zeros((H, p, d))
-    rows = torch.tensor(rows / math.sqrt(energy))
+    rows = rows / math.sqrt(energy)
     rng = as_generator(seed)
+    if method == "als":
+        if len(rows) > p * d:  # the same distances from the R of a QR
+            rows = np.linalg.qr(rows, mode="r")
+        error, V = min((_rank_limited_als(rows, p, d, H, r, rng, max_iter) for _ in range(restarts)),
+                       key=lambda run: run[0])
+        return math.sqrt(max(error, 0.0)), V
+    rows_t = torch.tensor(rows)
     P = torch.tensor(rng.standard_normal((restarts, H, p, r)), requires_grad=True)
     Q = torch.tensor(rng.standard_normal((restarts, H, r, d)), requires_grad=True)
     optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-14,
@@ -416,7 +464,7 @@ def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool =
 
     def errors() -> torch.Tensor:
         basis = torch.linalg.qr((P @ Q).reshape(restarts, H, p * d).transpose(1, 2))[0]  # (R, pd, H)
-        return 1.0 - ((rows @ basis) ** 2).sum((1, 2))
+        return 1.0 - ((rows_t @ basis) ** 2).sum((1, 2))
 
     def closure() -> torch.Tensor:
         optimiser.zero_grad()

@@ -622,6 +622,26 @@ def test_thm_rank_limited_heads_r_at_least_min_p_d_is_the_head_count(seed):
         assert rank_limited_heads(ssm, int(r), 12) == (k, k)
 
 
+@pytest.mark.parametrize("model", [DiagonalSSM.random(3, 4, seed=1), SharedStateSSM.random(3, 4, seed=3)],
+                         ids=["S4D layer", "S5 layer"])
+def test_thm_rank_limited_heads_layers_with_a_skip(model):
+    # lags with a skip D at ℓ = 0 (not C A^ℓ B): no modal bound; r = min(p, d) gives k exactly, and
+    # the bounds at r = 1 bracket what three optimiser starts reach.
+    k = min_heads(model, 16)
+    assert rank_limited_heads(model, 3, 16) == (k, k)
+    lower, upper = rank_limited_heads(model, 1, 16)
+    assert k <= lower <= upper <= 9
+    assert fit_rank_limited_heads(model, 16, upper, 1, restarts=3)[0] < 1e-5
+
+
+def test_fit_rank_limited_heads_two_methods_agree_on_the_damped_rotation():
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    for H in (1, 2):
+        als = fit_rank_limited_heads(rotation, 32, H, 1, weighted=True, restarts=4)[0]
+        lbfgs = fit_rank_limited_heads(rotation, 32, H, 1, weighted=True, method="lbfgs", restarts=4)[0]
+        assert als == pytest.approx(lbfgs, rel=1e-3)
+
+
 def test_thm_rank_limited_heads_no_lags_need_no_heads():
     ssm = LinearSSM(0.5 * np.eye(2), np.zeros((2, 3)), np.ones((2, 2)))
     assert rank_limited_heads(ssm, 1, 5) == (0, 0)
@@ -691,6 +711,7 @@ def test_multihead_values_have_rank_at_most_d_over_H():
     (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, weighted=1), TypeError, "weighted must be a bool"),
     (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, restarts=0), ValueError, "restarts must be >= 1"),
     (lambda: fit_rank_limited_heads(SSM, 5, 1, 1.5), TypeError, "r must be an integer"),
+    (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, method="adam"), ValueError, "method must be one of"),
 ])
 def test_rank_limited_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
