@@ -348,7 +348,11 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
             chosen.append(row)
         if len(chosen) == k:
             break
-    bases = [Q, np.stack(chosen).reshape(-1, ssm.p, ssm.d)]
+    bases = [Q]
+    if len(chosen) == k:  # use the lags only if they span the numerical span (fast decay can fool the rule)
+        basis = np.linalg.qr(np.stack(chosen).T)[0]
+        if np.abs(M - (M @ basis) @ basis.T).max() <= rtol * np.abs(M).max():
+            bases.append(np.stack(chosen).reshape(k, ssm.p, ssm.d))
     upper = min(sum(-(-rank(np.linalg.svd(B, compute_uv=False), rtol) // r) for B in basis)
                 for basis in bases)
     upper = min(upper, c * q)
@@ -358,6 +362,9 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     for r_prime in range(1, min(r, m) + 1):
         if m % r_prime == 0 and _scalar_blocks(Q, r_prime, rtol)[1] is not None:
             upper = min(upper, m // r_prime)
+    if upper < lower:  # the theorem forbids it: a rank decision went wrong
+        raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (bounds {lower} > {upper}); "
+                         "try a larger rtol or a shorter n")
     return lower, upper
 
 

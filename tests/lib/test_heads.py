@@ -629,6 +629,8 @@ def test_thm_rank_limited_heads_layers_with_a_skip(model):
     # the bounds at r = 1 bracket what three optimiser starts reach.
     k = min_heads(model, 16)
     assert rank_limited_heads(model, 3, 16) == (k, k)
+    wide = SharedStateSSM.random(4, 8, seed=0)  # fast-decaying lags: the greedy lag basis misses one
+    assert rank_limited_heads(wide, 4, 32) == (6, 6)
     lower, upper = rank_limited_heads(model, 1, 16)
     assert k <= lower <= upper <= 9
     assert fit_rank_limited_heads(model, 16, upper, 1, restarts=3)[0] < 1e-5
