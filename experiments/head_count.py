@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator,
-                 fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, truncated_heads)
+                 fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
+                 rank_limited_heads, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
@@ -147,6 +148,40 @@ def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: in
     error = fit_rank_limited_heads(ssm, n, H, rank, weighted=True, method="lbfgs", restarts=restarts,
                                    seed=seed, max_iter=max_iter)[0]
     return error ** 2 * float((_weighted_lags(ssm, n) ** 2).sum())
+
+
+def as_built_verdict(lower: int, upper: int, H: int) -> str:
+    """"yes" if H heads of width d/H are proved to represent the map (upper bound on H_{d/H} <= H),
+    "no" if proved not to (lower bound > H), "open" otherwise ({prf:ref}`cor-heads-as-built`)."""
+    return "yes" if upper <= H else "no" if lower > H else "open"
+
+
+def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Callable[[int], float]) -> dict:
+    """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
+
+    `fit(H)` is the optimiser's relative error with H heads of rank <= r (e of part 5). Returns k,
+    c = dim col, q = dim row, lower, upper, the floor of part 5 and fit at H = lower − 1 (None if
+    lower = 0), fit at upper, and `failures`: bounds that cross, an optimiser above 1e-5 at the
+    upper bound, below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
+    `heads`: more H at which to record fit(H) (as "e at H").
+    """
+    k = min_heads(ssm, n)
+    Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
+    c = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
+    q = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
+    lower, upper = rank_limited_heads(ssm, r, n)
+    row = dict(k=k, c=int(c), q=int(q), lower=lower, upper=upper, floor=None, below=None,
+               at_upper=fit(upper) if upper else 0.0)
+    failures = int(lower > upper) + int(row["at_upper"] > 1e-5)
+    if lower >= 1:
+        row["floor"] = rank_limited_error_floor(ssm, n, lower - 1, r)
+        row["below"] = fit(lower - 1)
+        failures += int(row["below"] < row["floor"] * (1 - 1e-9))
+        positive = lower - 1 < max(k, -(-c // r), -(-q // r))
+        failures += int((row["floor"] > 1e-12) != positive)
+    row.update({f"e at {H}": fit(H) for H in heads})
+    row["failures"] = failures
+    return row
 
 
 ROTATION_SCALINGS = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, -1.0], [1.0, 0.0]]])  # I, J

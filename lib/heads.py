@@ -438,7 +438,8 @@ def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool =
     U_h (p, r), W_h (d, r). "als": alternating least squares on (coefficients, U, W), up to max_iter
     sweeps per start, stopped when 20 sweeps gain < 1e-12 relative; "lbfgs": one L-BFGS run (strong
     Wolfe, max_iter iterations) on V with the coefficients eliminated, summed over the starts.
-    The best of `restarts` Gaussian starts (default_rng(seed)). An optimiser: it stops at or above
+    The best of `restarts` Gaussian starts (default_rng(seed); ALS stops early at an error below
+    1e-13, relative). An optimiser: it stops at or above
     the least error, and slowly where that is an infimum not attained.
     """
     ssm, n, H, r = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0), check_int(r, "r")
@@ -460,9 +461,12 @@ def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool =
     if method == "als":
         if len(rows) > p * d:  # the same distances from the R of a QR
             rows = np.linalg.qr(rows, mode="r")
-        error, V = min((_rank_limited_als(rows, p, d, H, r, rng, max_iter) for _ in range(restarts)),
-                       key=lambda run: run[0])
-        return math.sqrt(max(error, 0.0)), V
+        best = (math.inf, np.zeros((H, p, d)))
+        for _ in range(restarts):
+            best = min(best, _rank_limited_als(rows, p, d, H, r, rng, max_iter), key=lambda run: run[0])
+            if best[0] <= 1e-26:  # exact: more starts cannot do better
+                break
+        return math.sqrt(max(best[0], 0.0)), best[1]
     rows_t = torch.tensor(rows)
     P = torch.tensor(rng.standard_normal((restarts, H, p, r)), requires_grad=True)
     Q = torch.tensor(rng.standard_normal((restarts, H, r, d)), requires_grad=True)
