@@ -718,3 +718,47 @@ def test_multihead_values_have_rank_at_most_d_over_H():
 def test_rank_limited_bad_inputs_name_the_argument(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# -- cor-heads-as-built: H heads of width d/H ---------------------------------------------------------
+
+
+def test_cor_heads_as_built_the_damped_rotation_at_d_2_with_no_H():
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    for H in (1, 2):                                        # the divisors of d = 2
+        assert rank_limited_heads(rotation, 2 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_never_when_k_exceeds_d():
+    ssm = s4d_ssm(8, 4, 0.9, seed=0)                        # k = 8 > d = 4
+    assert min_heads(ssm, 32) == 8
+    for H in (1, 2, 4):
+        assert rank_limited_heads(ssm, 4 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_an_s4d_layer_only_with_heads_of_width_one():
+    layer = DiagonalSSM.random(4, 8, seed=0)                 # diagonal lags, k = d = 4
+    assert min_heads(layer, 32) == 4
+    assert rank_limited_heads(layer, 1, 32)[1] <= 4
+    for H in (1, 2):
+        assert rank_limited_heads(layer, 4 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_an_attention_layer_loaded_with_the_fitted_values_holds_the_lags():
+    # random(3, 4, 4): H_1 = 4 (proved bounds meet). Fit 4 rank-one values, write them into a
+    # MultiheadAttention(4, 4) as W_O^h W_V^h, and check that its values() span every lag.
+    ssm = LinearSSM.random(3, 4, 4, seed=1)
+    assert rank_limited_heads(ssm, 1, 32) == (4, 4)
+    error, V = fit_rank_limited_heads(ssm, 32, 4, 1)
+    assert error < 1e-8
+    layer = MultiheadAttention(4, 4)
+    U, s, Wt = np.linalg.svd(V)                              # V_h = s_h1 u_h1 w_h1ᵀ
+    with torch.no_grad():
+        layer.out_proj.weight.copy_(torch.from_numpy((U[:, :, 0] * s[:, :1]).T))    # column h: W_O^h
+        layer.in_proj_weight[8:].copy_(torch.from_numpy(Wt[:, 0, :]))                # row h: W_V^h
+    values = layer.values().detach().numpy().reshape(4, 16)
+    lags = lags_np(ssm, 32).reshape(32, 16)
+    coefficients = np.linalg.lstsq(values.T, lags.T, rcond=None)[0]
+    assert np.abs(values.T @ coefficients - lags.T).max() < 1e-7 * np.abs(lags).max()
+    # two heads of width one stay above the floor of part 5 (three fail by part 4, with no floor)
+    assert rank_limited_error_floor(ssm, 32, 2, 1) > 0.5
