@@ -8,7 +8,7 @@ return numpy. `API` is the one list of public names: `__all__` and the API refer
 (chapters/appendix/api.md) come from it. Each chapter's experiments live in `experiments/`.
 """
 
-from .attention import LinearAttention, MultiheadAttention, RelativeHeads, SoftmaxAttention, alibi_slopes
+from .attention import LinearAttention, MultiheadAttention, RelativeHeads, SoftmaxAttention
 from .base import SequenceMap, batched
 from .heads import (fit_heads, fit_rank_limited_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors,
                     population_error, rank_limited_error_floor, rank_limited_heads, truncated_heads)
@@ -29,7 +29,7 @@ API = {
     "Models": [
         "Dense", "FeedForward", "CausalConv1d", "KANLayer", "ElmanRNN", "LinearSSM", "SelectiveSSM", "SSD",
         "DiagonalSSM", "SharedStateSSM", "s4d_ssm", "s4d_continuous", "s4d_step", "SoftmaxAttention",
-        "MultiheadAttention", "alibi_slopes", "LinearAttention", "RelativeHeads", "Stack", "architecture_zoo"],
+        "MultiheadAttention", "LinearAttention", "RelativeHeads", "Stack", "architecture_zoo"],
     "Operator spans": ["operator_span", "interaction_span", "interaction_rank"],
     "Head counts": [
         "min_heads", "heads_from_ssm", "optimal_head_errors", "truncated_heads", "heads_needed",

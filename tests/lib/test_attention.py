@@ -400,7 +400,8 @@ def test_attention_bad_input_names_the_argument(call_, error, match):
 
 # -- MultiheadAttention: multi-head softmax attention as built, against torch ----------------------
 
-from lib import MultiheadAttention, alibi_slopes  # noqa: E402
+from lib import MultiheadAttention  # noqa: E402
+from lib.attention import alibi_slopes  # noqa: E402
 
 
 def torch_reference(d, H, seed):
