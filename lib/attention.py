@@ -3,7 +3,10 @@
 Each model has H heads with scalar weights α^h_ij(X) on shared value maps V_h ∈ ℝ^{p×d}:
 𝒲_ij(X) = Σ_h α^h_ij(X) V_h, so its interaction rank is at most H. `values()` gives V (H, p, d).
 Attention heads here have V_h = W_O^h W_V^h of any rank up to min(p, d, d_v): with the default
-d_v = d // H they are d/H-wide as built; with d_v = d they can be any p × d map.
+d_v = d // H they are d/H-wide as built; with d_v = d they can be any p × d map. SoftmaxAttention
+is bias-free with per-head projections of any width; `MultiheadAttention` is the layer as built
+(torch.nn.MultiheadAttention's parameters and biases, heads of width d/H, ALiBi or learned
+position biases), whose biases give a constant `offset` beside the operator.
 """
 
 from __future__ import annotations
