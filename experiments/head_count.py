@@ -160,24 +160,24 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
 
     `fit(H)` is the optimiser's relative error with H heads of rank <= r (e of part 5). Returns k,
-    c = dim col, q = dim row, lower, upper, the floor of part 5 and fit at H = lower − 1 (None if
+    k_col = dim col, k_row = dim row, lower, upper, the floor of part 5 and fit at H = lower − 1 (None if
     lower = 0), fit at upper, and `failures`: bounds that cross, an optimiser above 1e-5 at the
     upper bound, below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
     `heads`: more H at which to record fit(H) (as "e at H").
     """
     k = min_heads(ssm, n)
     Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
-    c = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
-    q = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
+    k_col = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
+    k_row = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
     lower, upper = rank_limited_heads(ssm, r, n)
-    row = dict(k=k, c=int(c), q=int(q), lower=lower, upper=upper, floor=None, below=None,
+    row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper, floor=None, below=None,
                at_upper=fit(upper) if upper else 0.0)
     failures = int(lower > upper) + int(row["at_upper"] > 1e-5)
     if lower >= 1:
         row["floor"] = rank_limited_error_floor(ssm, n, lower - 1, r)
         row["below"] = fit(lower - 1)
         failures += int(row["below"] < row["floor"] * (1 - 1e-9))
-        positive = lower - 1 < max(k, -(-c // r), -(-q // r))
+        positive = lower - 1 < max(k, -(-k_col // r), -(-k_row // r))
         failures += int((row["floor"] > 1e-12) != positive)
     row.update({f"e at {H}": fit(H) for H in heads})
     row["failures"] = failures
