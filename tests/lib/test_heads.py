@@ -762,3 +762,13 @@ def test_cor_heads_as_built_an_attention_layer_loaded_with_the_fitted_values_hol
     assert np.abs(values.T @ coefficients - lags.T).max() < 1e-7 * np.abs(lags).max()
     # two heads of width one stay above the floor of part 5 (three fail by part 4, with no floor)
     assert rank_limited_error_floor(ssm, 32, 2, 1) > 0.5
+
+
+@pytest.mark.parametrize("N, d, p, seed", [(3, 4, 2, 276574), (3, 4, 2, 865221), (2, 2, 3, 468312)])
+def test_thm_rank_limited_heads_upper_bound_reached_where_als_alone_crawls(N, d, p, seed):
+    # Systems where 2000 ALS sweeps stop at e ~ 1e-4..1e-3 at the proved upper bound (= k, real
+    # modes: rank-one residues): the L-BFGS polish must finish the fit.
+    ssm = LinearSSM.random(N, d, p, seed=seed)
+    lower, upper = rank_limited_heads(ssm, 1, 12)
+    assert lower == upper == min_heads(ssm, 12)
+    assert fit_rank_limited_heads(ssm, 12, upper, 1, restarts=6)[0] < 1e-6
