@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator, imitate,
-                 min_heads, operator_span, optimal_head_errors, truncated_heads)
+from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator,
+                 fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
+                 rank_limited_heads, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
@@ -139,38 +140,48 @@ def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: in
                             max_iter: int = 1000) -> float:
     """The least Σ_i E‖y_i − ŷ_i‖² an optimiser finds for H heads whose value maps have rank <= `rank`.
 
-    V_h = P_h Q_h with P_h (p, rank), Q_h (rank, d); input-independent coefficients, eliminated by
-    projection (`value_span_error`). One L-BFGS run (strong Wolfe, up to max_iter iterations) on
-    the sum over `restarts` Gaussian starts (default_rng(seed)), the best kept. It stops at or
+    `lib.fit_rank_limited_heads` (L-BFGS) on the weighted lags G (its relative error squared, times ‖G‖²_F):
+    input-independent coefficients, eliminated by projection (`value_span_error`). It stops at or
     above the least error, and approaches an infimum that is not attained only slowly
     ({prf:ref}`prop-rank-limited-heads`).
     """
-    G = _weighted_lags(ssm, n)
-    p, d = ssm.p, ssm.d
-    energy = float((G ** 2).sum())
-    if H == 0 or energy == 0:
-        return energy
-    rows = torch.tensor(G / math.sqrt(energy))
-    rng = np.random.default_rng(seed)
-    P = torch.tensor(rng.standard_normal((restarts, H, p, rank)), requires_grad=True)
-    Q = torch.tensor(rng.standard_normal((restarts, H, rank, d)), requires_grad=True)
-    optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-14,
-                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+    error = fit_rank_limited_heads(ssm, n, H, rank, weighted=True, method="lbfgs", restarts=restarts,
+                                   seed=seed, max_iter=max_iter)[0]
+    return error ** 2 * float((_weighted_lags(ssm, n) ** 2).sum())
 
-    def errors() -> torch.Tensor:
-        basis = torch.linalg.qr((P @ Q).reshape(restarts, H, p * d).transpose(1, 2))[0]  # (R, pd, H)
-        return 1.0 - ((rows @ basis) ** 2).sum((1, 2))
 
-    def closure() -> torch.Tensor:
-        optimiser.zero_grad()
-        loss = errors().sum()
-        loss.backward()
-        return loss
+def as_built_verdict(lower: int, upper: int, H: int) -> str:
+    """"yes" if H heads of width d/H are proved to represent the map (upper bound on H_{d/H} <= H),
+    "no" if proved not to (lower bound > H), "open" otherwise ({prf:ref}`cor-heads-as-built`)."""
+    return "yes" if upper <= H else "no" if lower > H else "open"
 
-    optimiser.step(closure)
-    with torch.no_grad():
-        best = float(errors().min())
-    return max(best, 0.0) * energy
+
+def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Callable[[int], float]) -> dict:
+    """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
+
+    `fit(H)` is the optimiser's relative error with H heads of rank <= r (e of part 5). Returns k,
+    k_col = dim col, k_row = dim row, lower, upper, the floor of part 5 and fit at H = lower − 1 (None if
+    lower = 0), fit at upper, and `failures`: bounds that cross, an optimiser above 1e-5 at the
+    upper bound, below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
+    `heads`: more H at which to record fit(H) (as "e at H").
+    """
+    k = min_heads(ssm, n)
+    Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
+    k_col = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
+    k_row = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
+    lower, upper = rank_limited_heads(ssm, r, n)
+    row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper, floor=None, below=None,
+               at_upper=fit(upper) if upper else 0.0)
+    failures = int(lower > upper) + int(row["at_upper"] > 1e-5)
+    if lower >= 1:
+        row["floor"] = rank_limited_error_floor(ssm, n, lower - 1, r)
+        row["below"] = fit(lower - 1)
+        failures += int(row["below"] < row["floor"] * (1 - 1e-9))
+        positive = lower - 1 < max(k, -(-k_col // r), -(-k_row // r))
+        failures += int((row["floor"] > 1e-12) != positive)
+    row.update({f"e at {H}": fit(H) for H in heads})
+    row["failures"] = failures
+    return row
 
 
 ROTATION_SCALINGS = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, -1.0], [1.0, 0.0]]])  # I, J

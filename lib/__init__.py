@@ -8,11 +8,11 @@ return numpy. `API` is the one list of public names: `__all__` and the API refer
 (chapters/appendix/api.md) come from it. Each chapter's experiments live in `experiments/`.
 """
 
-from .attention import LinearAttention, RelativeHeads, SoftmaxAttention
+from .attention import LinearAttention, MultiheadAttention, RelativeHeads, SoftmaxAttention
 from .base import SequenceMap, batched
 from .blocks import Mamba2Block, MambaBlock
-from .heads import (fit_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors, population_error,
-                    truncated_heads)
+from .heads import (fit_heads, fit_rank_limited_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors,
+                    population_error, rank_limited_error_floor, rank_limited_heads, truncated_heads)
 from .jacobians import jacobian_blocks, jacobian_norms
 from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, factorized_operator, identity_error, relative_error, toeplitz_operator
@@ -31,11 +31,11 @@ API = {
         "Dense", "FeedForward", "CausalConv1d", "KANLayer", "ElmanRNN", "LinearSSM", "SelectiveSSM", "SSD",
         "DiagonalSSM", "SharedStateSSM", "s4d_ssm", "s4d_continuous", "s4d_step", "SoftmaxAttention",
         "LinearAttention", "RelativeHeads", "Stack", "architecture_zoo"],
-    "Blocks as built": ["MambaBlock", "Mamba2Block"],
+    "Blocks as built": ["MambaBlock", "Mamba2Block", "MultiheadAttention"],
     "Operator spans": ["operator_span", "interaction_span", "interaction_rank", "channel_span"],
     "Head counts": [
         "min_heads", "heads_from_ssm", "optimal_head_errors", "truncated_heads", "heads_needed",
-        "population_error", "fit_heads"],
+        "population_error", "fit_heads", "rank_limited_heads", "rank_limited_error_floor", "fit_rank_limited_heads"],
     "Jacobian profiles": ["jacobian_blocks", "jacobian_norms"],
     "Training": ["fit", "imitate"],
 }

@@ -3,7 +3,10 @@
 Each model has H heads with scalar weights α^h_ij(X) on shared value maps V_h ∈ ℝ^{p×d}:
 𝒲_ij(X) = Σ_h α^h_ij(X) V_h, so its interaction rank is at most H. `values()` gives V (H, p, d).
 Attention heads here have V_h = W_O^h W_V^h of any rank up to min(p, d, d_v): with the default
-d_v = d // H they are d/H-wide as built; with d_v = d they can be any p × d map.
+d_v = d // H they are d/H-wide as built; with d_v = d they can be any p × d map. SoftmaxAttention
+is bias-free with per-head projections of any width; `MultiheadAttention` is the layer as built
+(torch.nn.MultiheadAttention's parameters and biases, heads of width d/H, ALiBi or learned
+position biases), whose biases give a constant `offset` beside the operator.
 """
 
 from __future__ import annotations
@@ -227,3 +230,105 @@ class RelativeHeads(SequenceMap):
         b, n, _ = X.shape
         alpha = toeplitz_operator(self.coefficients.T, n).permute(2, 0, 1)  # (H, n, n)
         return factorized_operator(alpha.expand(b, -1, -1, -1), self.V)
+
+
+def alibi_slopes(H: int) -> torch.Tensor:
+    """ALiBi's head slopes m_h = 2^(−8h/H), h = 1..H (Press et al. 2022), float64, shape (H,)."""
+    H = check_int(H, "H")
+    return 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float64) / H)
+
+
+class MultiheadAttention(SequenceMap):
+    """Causal multi-head softmax attention as built: H heads of width r = d/H, biases, p = d.
+
+    torch.nn.MultiheadAttention's parameters and names: in_proj_weight (3d, d) = [W_Q; W_K; W_V],
+    in_proj_bias (3d,), out_proj.weight W_O (d, d), out_proj.bias b_O (d,); head h takes rows
+    h·r..(h+1)·r − 1 (0-based) of each projection and columns of W_O, so `load_state_dict` of an
+    `nn.MultiheadAttention(d, H, batch_first=True)` works strictly (with a learned bias, that one key
+    is extra: load with strict=False and set it). torch's forward agrees with attn_mask =
+    `bias(n)` (causal + position bias as a float mask, repeated over the batch). Scores
+    z^h_ij = (W_Q^h x_i + b_Q^h)·(W_K^h x_j + b_K^h)/√r + β_h(i − j), j <= i; position bias
+    "alibi": β_h(ℓ) = −m_h ℓ (`alibi_slopes`); "learned": parameter position_bias (H, n_max);
+    None: 0. {prf:ref}`prop-softmax-attention`: y_i = Σ_j 𝒲_ij(X) x_j + offset, with
+    𝒲_ij(X) = Σ_h α^h_ij(X) W_O^h W_V^h (`operator`, `values`, rank V_h <= d/H) and the constant
+    offset Σ_h W_O^h b_V^h + b_O (`offset`), since each head's weights sum to one over j <= i.
+    No dropout, no key padding mask; always causal.
+    """
+
+    def __init__(self, d: int, H: int, *, position_bias: str | None = None, max_length: int | None = None,
+                 seed: Any = 0, dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        d, H = check_int(d, "d"), check_int(H, "H")
+        if d % H:
+            raise ValueError(f"H must divide d (heads of width d/H); got d = {d}, H = {H}")
+        if position_bias not in (None, "alibi", "learned"):
+            raise ValueError(f"position_bias must be None, 'alibi' or 'learned'; got {position_bias!r}")
+        if (position_bias == "learned") != (max_length is not None):
+            raise ValueError("max_length must be given exactly when position_bias = 'learned'; "
+                             f"got position_bias = {position_bias!r}, max_length = {max_length!r}")
+        self.d, self.p, self.H, self.width, self.causal = d, d, H, d // H, True
+        self.position_bias_kind = position_bias
+        rng = as_generator(seed)  # nn.MultiheadAttention's init: Xavier-uniform in_proj, zero biases
+        bound = math.sqrt(6.0 / (3 * d + d))
+        shapes = {"in_proj_weight": (rng.uniform(-bound, bound, (3 * d, d)), "t d"),
+                  "in_proj_bias": (np.zeros(3 * d), "t")}
+        self.set_parameters(dtype, {"t": 3 * d, "d": d}, **shapes)
+        self.out_proj = torch.nn.Linear(d, d, dtype=dtype)
+        with torch.no_grad():
+            self.out_proj.weight.copy_(torch.from_numpy(rng.uniform(-1, 1, (d, d)) / math.sqrt(d)))
+            self.out_proj.bias.zero_()
+        if position_bias == "learned":
+            self.max_length = check_int(max_length, "max_length")
+            self.set_parameters(dtype, {"H": H}, position_bias=(np.zeros((H, self.max_length)), "H n_max"))
+
+    def _heads(self, W: torch.Tensor) -> torch.Tensor:
+        # (3d, ·) rows -> Q, K, V blocks of H heads: (3, H, r, ·).
+        return W.reshape(3, self.H, self.width, *W.shape[1:])
+
+    def values(self) -> torch.Tensor:
+        """V_h = W_O^h W_V^h, shape (H, d, d), rank <= d/H."""
+        W_V = self._heads(self.in_proj_weight)[2]                                  # (H, r, d)
+        W_O = self.out_proj.weight.reshape(self.d, self.H, self.width).permute(1, 0, 2)  # (H, d, r)
+        return W_O @ W_V
+
+    def bias(self, n: int) -> torch.Tensor:
+        """β_h(i − j) for 0 <= j <= i < n and −inf for j > i: the float attention mask, shape (H, n, n)."""
+        n = check_int(n, "n")
+        lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        dtype, device = self.in_proj_weight.dtype, self.in_proj_weight.device
+        if self.position_bias_kind == "alibi":
+            beta = -alibi_slopes(self.H).to(dtype)[:, None, None] * lag.clamp(min=0).to(dtype)
+        elif self.position_bias_kind == "learned":
+            if n > self.max_length:
+                raise ValueError(f"n must be <= max_length = {self.max_length}; got {n}")
+            beta = self.position_bias[:, lag.clamp(min=0)]
+        else:
+            beta = torch.zeros(self.H, n, n, dtype=dtype)
+        return beta.to(device).masked_fill(lag < 0, -math.inf)
+
+    def _project(self, X: torch.Tensor) -> torch.Tensor:
+        # Q, K, V per head with biases: (3, b, H, n, r).
+        W, b = self._heads(self.in_proj_weight), self._heads(self.in_proj_bias)
+        return torch.einsum("thrd,bnd->tbhnr", W, X) + b[:, None, :, None, :]
+
+    @batched
+    def weights(self, X: torch.Tensor) -> torch.Tensor:
+        """α^h_ij(X), shape (b, H, n, n)."""
+        Q, K, _ = self._project(X)
+        return torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(self.width) + self.bias(X.shape[1]), dim=-1)
+
+    @batched
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        mixed = self.weights(X) @ self._project(X)[2]                        # (b, H, n, r)
+        return self.out_proj(mixed.permute(0, 2, 1, 3).reshape(*X.shape[:2], self.d))
+
+    @batched
+    def operator(self, X: torch.Tensor) -> torch.Tensor:
+        """𝒲_ij(X) = Σ_h α^h_ij(X) W_O^h W_V^h, shape (b, n, n, d, d); the biases are in `offset`."""
+        return factorized_operator(self.weights(X), self.values())
+
+    @batched
+    def offset(self, X: torch.Tensor) -> torch.Tensor:
+        """Σ_h W_O^h b_V^h + b_O at every position, shape (b, n, d): y = Σ_j 𝒲_ij x_j + offset."""
+        b_V = self._heads(self.in_proj_bias)[2].reshape(self.d)
+        return (self.out_proj.weight @ b_V + self.out_proj.bias).expand(*X.shape[:2], self.d)

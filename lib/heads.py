@@ -19,7 +19,8 @@ import torch
 
 from ._validation import as_generator, as_tensor, check_choice, check_int, check_real, check_shape
 from .attention import RelativeHeads
-from .spans import OperatorSpan, check_rtol, span_of_rows
+from .spans import OperatorSpan, check_rtol, rank, span_of_rows
+from .ssm import LinearSSM
 
 
 def _check_lti(ssm: Any, name: str = "ssm") -> Any:
@@ -253,3 +254,269 @@ def fit_heads(ssm: Any, n: int, H: int, *, method: str = "lbfgs", restarts: int 
     rng = as_generator(seed)
     runs = [(_fit_lbfgs if method == "lbfgs" else _fit_als)(W, H, rng, max_iter) for _ in range(restarts)]
     return min(runs, key=lambda run: run[0])
+
+
+# -- heads with value maps of rank <= r ({prf:ref}`thm-rank-limited-heads`) --------------------------
+
+
+def _flat_rank(blocks: np.ndarray, rtol: float) -> int:
+    # dim of Σ_b col(Q_b): the rank of [Q_1 … Q_k] (p, k·d).
+    return rank(np.linalg.svd(np.concatenate(list(blocks), axis=1), compute_uv=False), rtol)
+
+
+def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
+    # The tight case of thm-rank-limited-heads (3): m = the rank of a generic M in the span, and
+    # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
+    # of dimension r in one basis (non-real eigenvalues, non-commuting, not diagonalisable, or
+    # eigenspaces of a dimension not a multiple of r). Returns (m, V, failed): V (m/r, p, d), values of rank <= r
+    # whose span holds every Q_b (checked), or None.
+    g = np.random.default_rng(0)
+    M = np.einsum("b,bpd->pd", g.standard_normal(len(Q)), Q)
+    U, sigma, Wt = np.linalg.svd(M)
+    m = rank(sigma, rtol)
+    if m % r:
+        return m, None, False
+    R = Wt[:m].T                                                   # orthonormal basis of row(M), (d, m)
+    pinv = (Wt[:m].T / sigma[:m]) @ U[:, :m].T                     # M⁺ (d, p)
+    K = np.einsum("dm,dp,bpe,en->bmn", R, pinv, Q, R)              # K_b = Rᵀ M⁺ Q_b R, (k, m, m)
+    mixed = np.einsum("b,bmn->mn", g.standard_normal(len(Q)), K)   # a generic K
+    scale = max(float(np.abs(mixed).max()), 1e-300)
+    commutators = np.abs(np.einsum("bmn,nk->bmk", K, mixed) - np.einsum("mn,bnk->bmk", mixed, K)).max()
+    lam, T = np.linalg.eig(mixed)
+    if commutators > 1e-6 * scale * np.abs(K).max() or np.abs(lam.imag).max() > 1e-6 * scale:
+        return m, None, True
+    order = np.argsort(lam.real)
+    lam, T = lam.real[order], T.real[:, order]
+    cuts = np.flatnonzero(np.diff(lam) > 1e-6 * scale) + 1
+    clusters = np.split(np.arange(m), cuts)
+    if any(len(c) % r for c in clusters) and np.diff(lam).min(initial=np.inf) > 1e-3 * scale:
+        return m, None, True                                          # well-separated eigenvalues, wrong sizes
+    for c in clusters:  # an eigenvalue with fewer eigenvectors than its multiplicity: not diagonalisable
+        shifted = mixed - lam[c].mean() * np.eye(m)
+        if (np.linalg.svd(shifted, compute_uv=False) > 1e-4 * scale).sum() > m - len(c):
+            return m, None, True
+    if any(len(c) % r for c in clusters) or np.linalg.cond(T) > 1e8:
+        return m, None, False                                         # undecided: no claim either way
+    # Split each eigenspace into pieces of dimension r: V_h = M R T_h S_h (S = T⁻¹), rank <= r.
+    S = np.linalg.inv(T)
+    pieces = [idx for c in clusters for idx in np.split(c, len(c) // r)]
+    V = np.stack([M @ R @ T[:, idx] @ S[idx] @ R.T for idx in pieces])
+    basis = np.linalg.qr(V.reshape(len(V), -1).T)[0]
+    flat = Q.reshape(len(Q), -1)
+    residual = np.abs(flat - (flat @ basis) @ basis.T).max()
+    return m, (V if residual < 1e-8 else None), False
+
+
+def _mode_counts(ssm: Any) -> tuple[int, int] | None:
+    # (N_ℝ, N_ℂ): real eigenvalues and conjugate pairs of a LinearSSM's A if diagonalisable, or None.
+    lam, vectors = np.linalg.eig(ssm.A.detach().to(torch.float64).numpy())
+    if not np.isfinite(lam).all() or np.linalg.cond(vectors) > 1e8:
+        return None
+    complex_ = int((np.abs(lam.imag) > 1e-12 * max(np.abs(lam).max(), 1e-300)).sum())
+    return len(lam) - complex_, complex_ // 2
+
+
+def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[int, int]:
+    """(lower, upper): bounds on H_r, the fewest heads with value maps of rank <= r that represent the map.
+
+    {prf:ref}`thm-rank-limited-heads`, on the lag span 𝓛 of lags ℓ < n (rank rule `rtol`), k = dim 𝓛,
+    c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
+    lower = max(k, ⌈c/r⌉, ⌈q/r⌉), plus one where r | m = c = q and part 3's criterion fails
+    (decided numerically, at 1e-6 relative; undecided counts as not failing); upper = the least of
+    Σ_b ⌈rank Q_b / r⌉ over two bases (orthonormal; the first independent lags), c·q, for a LinearSSM
+    with diagonalisable A (eigenvector condition <= 1e8) N_ℝ + 3N_ℂ (r = 1) or N_ℝ + 2N_ℂ (r >= 2) over
+    its real eigenvalues and conjugate pairs, and m/r′ for each r′ <= r where part 3 builds m/r′ values
+    of rank r′ (checked). lower == upper: H_r is known.
+    """
+    ssm, n = _check_lti(ssm), check_int(n, "n")
+    r, rtol = check_int(r, "r"), check_rtol(rtol)
+    M, span = _lag_span(ssm, n, rtol)
+    k, Q = span.dim, span.basis
+    if k == 0:
+        return 0, 0
+    c = _flat_rank(Q, rtol)
+    q = _flat_rank(Q.transpose(0, 2, 1), rtol)
+    lower = max(k, -(-c // r), -(-q // r))
+    m, _, failed = _scalar_blocks(Q, r, rtol)
+    if failed and lower == m // r:
+        lower += 1
+    # the first k independent lags, in order of ℓ
+    chosen: list[np.ndarray] = []
+    for row in M:
+        trial = np.stack([*chosen, row])
+        if rank(np.linalg.svd(trial, compute_uv=False), rtol) == len(trial):
+            chosen.append(row)
+        if len(chosen) == k:
+            break
+    bases = [Q]
+    if len(chosen) == k:  # use the lags only if they span the numerical span (fast decay can fool the rule)
+        basis = np.linalg.qr(np.stack(chosen).T)[0]
+        if np.abs(M - (M @ basis) @ basis.T).max() <= rtol * np.abs(M).max():
+            bases.append(np.stack(chosen).reshape(k, ssm.p, ssm.d))
+    upper = min(sum(-(-rank(np.linalg.svd(B, compute_uv=False), rtol) // r) for B in basis)
+                for basis in bases)
+    upper = min(upper, c * q)
+    modes = _mode_counts(ssm) if isinstance(ssm, LinearSSM) else None  # lags exactly C A^ℓ B (no skip D)
+    if modes is not None:  # part 2: a rank-one value per real mode, 3 (r = 1) or 2 (r >= 2) per complex pair
+        upper = min(upper, modes[0] + (3 if r == 1 else 2) * modes[1])
+    for r_prime in range(1, min(r, m) + 1):
+        if m % r_prime == 0 and _scalar_blocks(Q, r_prime, rtol)[1] is not None:
+            upper = min(upper, m // r_prime)
+    if upper < lower:  # the theorem forbids it: a rank decision went wrong
+        raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (bounds {lower} > {upper}); "
+                         "try a larger rtol or a shorter n")
+    return lower, upper
+
+
+def rank_limited_error_floor(ssm: Any, n: int, H: int, r: int, rtol: float = 1e-10) -> float:
+    """A proved lower bound on the relative error of `fit_rank_limited_heads` (weighted=False) for any V.
+
+    {prf:ref}`thm-rank-limited-heads` (4): with Q_b an orthonormal basis of the lag span (k of them),
+    error² >= max((k − H)/k, Σ_{t>Hr} σ_t([Q_1 … Q_k])²/k, the same for [Q_1ᵀ … Q_kᵀ]); the square root.
+    0 for k = 0. Positive iff H < max(k, ⌈c/r⌉, ⌈q/r⌉).
+    """
+    ssm, n, H = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0)
+    r, rtol = check_int(r, "r"), check_rtol(rtol)
+    Q = _lag_span(ssm, n, rtol)[1].basis
+    k = len(Q)
+    if k == 0:
+        return 0.0
+    tails = [max(k - H, 0)]
+    for blocks in (Q, Q.transpose(0, 2, 1)):
+        sigma = np.linalg.svd(np.concatenate(list(blocks), axis=1), compute_uv=False)
+        tails.append(float((sigma[H * r:] ** 2).sum()))
+    return math.sqrt(max(tails) / k)
+
+
+def _span_error(rows: np.ndarray, V: np.ndarray) -> float:
+    # Σ ‖rows − rows Π_V‖² for values V (H, pd): the rows' squared distance to span{V_h} (QR basis).
+    basis = np.linalg.qr(V.T)[0]
+    return float(((rows - (rows @ basis) @ basis.T) ** 2).sum())
+
+
+def _rank_limited_als(rows: np.ndarray, p: int, d: int, H: int, r: int, rng: np.random.Generator,
+                      max_iter: int) -> tuple[float, np.ndarray]:
+    # Alternating least squares on rows_b ≈ Σ_h C_bh U_h W_hᵀ over C (m, H), U (p, Hr), W (d, Hr):
+    # each block is a linear least-squares problem. Returns the variable-projection error of the
+    # final V (the best C for it) and V (H, p, d).
+    m = len(rows)
+    blocks = rows.reshape(m, p, d)
+    side_by_side = np.concatenate(list(blocks), axis=1)                       # (p, m·d)
+    stacked_rows = np.concatenate(list(blocks.transpose(0, 2, 1)), axis=1)    # (d, m·p)
+    U, W = rng.standard_normal((p, H * r)), rng.standard_normal((d, H * r))
+
+    def values() -> np.ndarray:
+        return np.einsum("phr,dhr->hpd", U.reshape(p, H, r), W.reshape(d, H, r)).reshape(H, p * d)
+
+    previous = np.inf
+    for step in range(max_iter):
+        C = np.repeat(np.linalg.lstsq(values().T, rows.T, rcond=None)[0].T, r, axis=1)  # (m, Hr)
+        Z = np.concatenate([(W * C[b]).T for b in range(m)], axis=1)          # rows_b = U Z_b
+        U = np.linalg.lstsq(Z.T, side_by_side.T, rcond=None)[0].T
+        Y = np.concatenate([(U * C[b]).T for b in range(m)], axis=1)          # rows_bᵀ = W Y_b
+        W = np.linalg.lstsq(Y.T, stacked_rows.T, rcond=None)[0].T
+        scale = np.sqrt(np.linalg.norm(U, axis=0) / np.maximum(np.linalg.norm(W, axis=0), 1e-300))
+        U, W = U / np.maximum(scale, 1e-300), W * scale                       # balance the factors
+        if step % 20 == 19:
+            current = _span_error(rows, values())
+            if current <= 1e-26 or not previous - current > 1e-12 * current:  # exact, or stalled
+                break
+            previous = current
+    V = values()
+    return _span_error(rows, V), V.reshape(H, p, d)
+
+
+def _polish(rows: np.ndarray, V: np.ndarray, r: int, max_iter: int = 200) -> tuple[float, np.ndarray]:
+    # L-BFGS on the factors of V (H, p, d), started from their truncated SVDs; the coefficients
+    # eliminated by projection. Returns (error, V) like _rank_limited_als.
+    H, p, d = V.shape
+    U, sigma, Wt = np.linalg.svd(V)
+    root = np.sqrt(sigma[:, :r])
+    P = torch.tensor(U[:, :, :r] * root[:, None, :], requires_grad=True)
+    Q = torch.tensor(root[:, :, None] * Wt[:, :r, :], requires_grad=True)
+    target = torch.tensor(rows)
+    optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-16,
+                                  tolerance_change=1e-30, line_search_fn="strong_wolfe")
+
+    def error() -> torch.Tensor:
+        basis = torch.linalg.qr((P @ Q).reshape(H, p * d).T)[0]
+        return ((target - (target @ basis) @ basis.T) ** 2).sum()
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = error()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    with torch.no_grad():
+        polished = (P @ Q).numpy()
+    return _span_error(rows, polished.reshape(H, p * d)), polished
+
+
+def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool = False, method: str = "als",
+                           restarts: int = 8, seed: Any = 0, max_iter: int = 2000,
+                           rtol: float = 1e-10) -> tuple[float, np.ndarray]:
+    """(relative error, V (H, p, d)): the best fit an optimiser finds with H value maps of rank <= r.
+
+    Error² = Σ_b dist(Q_b, span{V_h})²_F / Σ_b ‖Q_b‖²_F, with Q_b an orthonormal basis of the lag span
+    (rtol as in `min_heads`), the e of {prf:ref}`thm-rank-limited-heads` (5): 0 iff the H heads
+    represent the map. weighted: the rows of G (√(n − ℓ) vec L_ℓ) instead, the population error of
+    the best coefficients over its H = 0 value ({prf:ref}`thm-approx-head-count`). V_h = U_h W_hᵀ,
+    U_h (p, r), W_h (d, r). "als": alternating least squares on (coefficients, U, W), up to max_iter
+    sweeps per start, stopped when 20 sweeps gain < 1e-12 relative; a best error² in (1e-26, 1e-4)
+    is then polished by up to 200 L-BFGS steps on the factors (ALS crawls near some exact fits); "lbfgs": one L-BFGS run (strong
+    Wolfe, max_iter iterations) on V with the coefficients eliminated, summed over the starts.
+    The best of `restarts` Gaussian starts (default_rng(seed); ALS stops early at an error below
+    1e-13, relative). An optimiser: it stops at or above
+    the least error, and slowly where that is an infimum not attained.
+    """
+    ssm, n, H, r = _check_lti(ssm), check_int(n, "n"), check_int(H, "H", minimum=0), check_int(r, "r")
+    restarts, max_iter = check_int(restarts, "restarts"), check_int(max_iter, "max_iter")
+    method = check_choice(method, "method", ("als", "lbfgs"))
+    if not isinstance(weighted, bool):
+        raise TypeError(f"weighted must be a bool; got {type(weighted).__name__}")
+    p, d = ssm.p, ssm.d
+    if weighted:
+        rows = _weighted_lags(ssm, n)
+    else:
+        span = _lag_span(ssm, n, check_rtol(rtol))[1]
+        rows = span.basis.reshape(span.dim, p * d)
+    energy = float((rows ** 2).sum())
+    if H == 0 or energy == 0:
+        return (1.0 if energy else 0.0), np.zeros((H, p, d))
+    rows = rows / math.sqrt(energy)
+    rng = as_generator(seed)
+    if method == "als":
+        if len(rows) > p * d:  # the same distances from the R of a QR
+            rows = np.linalg.qr(rows, mode="r")
+        best = (math.inf, np.zeros((H, p, d)))
+        for _ in range(restarts):
+            best = min(best, _rank_limited_als(rows, p, d, H, r, rng, max_iter), key=lambda run: run[0])
+            if best[0] <= 1e-26:  # exact: more starts cannot do better
+                break
+        if 1e-26 < best[0] < 1e-4:  # close: ALS crawls there (swamps); finish with L-BFGS from its V
+            best = min(best, _polish(rows, best[1], r), key=lambda run: run[0])
+        return math.sqrt(max(best[0], 0.0)), best[1]
+    rows_t = torch.tensor(rows)
+    P = torch.tensor(rng.standard_normal((restarts, H, p, r)), requires_grad=True)
+    Q = torch.tensor(rng.standard_normal((restarts, H, r, d)), requires_grad=True)
+    optimiser = torch.optim.LBFGS([P, Q], lr=1.0, max_iter=max_iter, history_size=50, tolerance_grad=1e-14,
+                                  tolerance_change=1e-20, line_search_fn="strong_wolfe")
+
+    def errors() -> torch.Tensor:
+        basis = torch.linalg.qr((P @ Q).reshape(restarts, H, p * d).transpose(1, 2))[0]  # (R, pd, H)
+        return 1.0 - ((rows_t @ basis) ** 2).sum((1, 2))
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = errors().sum()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    with torch.no_grad():
+        found = errors()
+        best = int(torch.argmin(found))
+        V = (P @ Q)[best].numpy()
+    return math.sqrt(max(float(found[best]), 0.0)), V

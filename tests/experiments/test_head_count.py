@@ -1129,3 +1129,24 @@ def test_heads_needed_width_raises_the_slow_count_and_barely_the_fast_one():
     slow, fast = counts[0.99], counts[0.9]
     assert (slow <= np.minimum(32, np.array([4, 8, 16]) ** 2)).all()
     assert (np.diff(slow) >= 0).all() and slow[-1] - slow[0] > 2 * (fast[-1] - fast[0])
+
+
+# -- thm-rank-limited-heads, cor-heads-as-built: the notebook's helpers ----------------------------
+
+
+def test_as_built_verdict_reads_the_bounds():
+    from experiments.head_count import as_built_verdict
+    assert [as_built_verdict(3, 3, H) for H in (2, 3, 4)] == ["no", "yes", "yes"]
+    assert as_built_verdict(3, 5, 4) == "open"
+
+
+def test_thm_rank_limited_heads_survey_counts_a_fit_below_the_floor_as_a_failure():
+    from experiments.head_count import rank_limited_survey
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    honest = rank_limited_survey(rotation, 8, 2, [1], lambda H: [1.0, 0.71, 0.0][H])
+    assert (honest["lower"], honest["upper"], honest["failures"]) == (2, 2, 0)
+    assert honest["e at 1"] == 0.71
+    lying = rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.5, 0.0][H])  # below √(1/2)
+    assert lying["failures"] == 1
+    stuck = rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 1e-3][H])  # misses at the top
+    assert stuck["failures"] == 1

@@ -396,3 +396,108 @@ Z = np.zeros
 def test_attention_bad_input_names_the_argument(call_, error, match):
     with pytest.raises(error, match=match):
         call_()
+
+
+# -- MultiheadAttention: multi-head softmax attention as built, against torch ----------------------
+
+from lib import MultiheadAttention  # noqa: E402
+from lib.attention import alibi_slopes  # noqa: E402
+
+
+def torch_reference(d, H, seed):
+    """nn.MultiheadAttention(d, H, batch_first=True), float64, every parameter N(0, 1/2)."""
+    torch.manual_seed(seed)
+    reference = torch.nn.MultiheadAttention(d, H, batch_first=True).double()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.normal_(0.0, 0.7)
+    return reference
+
+
+def alibi_mask(H, n, b):
+    """Causal + ALiBi float mask (b·H, n, n), from the formula m_h = 2^(−8h/H), h = 1..H."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    slopes = [2.0 ** (-8.0 * h / H) for h in range(1, H + 1)]
+    mask = np.stack([np.where(j <= i, -m * (i - j), -np.inf) for m in slopes])
+    return torch.from_numpy(np.tile(mask, (b, 1, 1)))
+
+
+@pytest.mark.parametrize("d, H, bias", [(8, 4, None), (8, 4, "alibi"), (6, 3, "alibi"), (4, 1, None), (5, 5, "alibi")])
+def test_multihead_attention_as_built_agrees_with_torch(d, H, bias):
+    reference = torch_reference(d, H, seed=d + H)
+    model = MultiheadAttention(d, H, position_bias=bias)
+    model.load_state_dict(reference.state_dict(), strict=True)
+    b, n = 3, 9
+    X = torch.randn(b, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    if bias == "alibi":
+        mask = alibi_mask(H, n, b)
+    else:
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(n, dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference(X, X, X, attn_mask=mask, need_weights=False)[0]
+        assert relative_error(model(X), expected) < 1e-13
+        assert relative_error(model(X[1]), expected[1]) < 1e-13          # one sequence, no batch axis
+
+
+def test_multihead_attention_learned_bias_agrees_with_torch():
+    d, H, n, b = 8, 2, 7, 2
+    reference = torch_reference(d, H, seed=5)
+    model = MultiheadAttention(d, H, position_bias="learned", max_length=10)
+    missing = model.load_state_dict(reference.state_dict(), strict=False)
+    assert missing.missing_keys == ["position_bias"] and not missing.unexpected_keys
+    beta = np.random.default_rng(0).standard_normal((H, 10))
+    with torch.no_grad():
+        model.position_bias.copy_(torch.from_numpy(beta))
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    mask = np.stack([np.where(j <= i, beta[h][np.clip(i - j, 0, None)], -np.inf) for h in range(H)])
+    X = torch.randn(b, n, d, dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference(X, X, X, attn_mask=torch.from_numpy(np.tile(mask, (b, 1, 1))), need_weights=False)[0]
+        assert relative_error(model(X), expected) < 1e-13
+
+
+@pytest.mark.parametrize("bias", [None, "alibi"])
+def test_multihead_attention_operator_plus_offset_is_the_forward_pass(bias):
+    # y_i = Σ_j 𝒲_ij x_j + offset, computed here by explicit sums with numpy; the offset is
+    # Σ_h W_O^h b_V^h + b_O because each row of weights sums to one.
+    d, H, n = 6, 3, 5
+    model = MultiheadAttention(d, H, position_bias=bias)
+    model.load_state_dict(torch_reference(d, H, seed=2).state_dict())
+    X = torch.randn(2, n, d, dtype=torch.float64)
+    with torch.no_grad():
+        W, offset, Y = model.operator(X).numpy(), model.offset(X).numpy(), model(X).numpy()
+        alpha = model.weights(X).numpy()
+    x = X.numpy()
+    summed = np.einsum("bijpd,bjd->bip", W, x) + offset
+    assert np.abs(summed - Y).max() < 1e-12 * np.abs(Y).max()
+    np.testing.assert_allclose(alpha.sum(-1), 1.0, atol=1e-14)
+    assert np.abs(np.triu(alpha, 1)).max() == 0.0                              # causal
+    W_in, b_in = model.in_proj_weight.detach().numpy(), model.in_proj_bias.detach().numpy()
+    W_O, b_O = model.out_proj.weight.detach().numpy(), model.out_proj.bias.detach().numpy()
+    r = d // H
+    values = [W_O[:, h * r:(h + 1) * r] @ W_in[2 * d + h * r:2 * d + (h + 1) * r] for h in range(H)]
+    np.testing.assert_allclose(model.values().detach().numpy(), values, atol=1e-14)
+    np.testing.assert_allclose(offset[0, 0], W_O @ b_in[2 * d:] + b_O, atol=1e-13)
+    assert [np.linalg.matrix_rank(v) for v in values] == [r] * H
+
+
+def test_alibi_slopes_are_powers_of_two():
+    np.testing.assert_allclose(alibi_slopes(8).numpy(), [2.0 ** -k for k in range(1, 9)], rtol=0)
+    np.testing.assert_allclose(alibi_slopes(4).numpy(), [2.0 ** -(2 * k) for k in range(1, 5)], rtol=0)
+
+
+@pytest.mark.parametrize("call_, error, match", [
+    (lambda: MultiheadAttention(6, 4), ValueError, "H must divide d"),
+    (lambda: MultiheadAttention(6, 0), ValueError, "H must be >= 1"),
+    (lambda: MultiheadAttention(6, 2, position_bias="rope"), ValueError, "position_bias must be"),
+    (lambda: MultiheadAttention(6, 2, position_bias="learned"), ValueError, "max_length must be given"),
+    (lambda: MultiheadAttention(6, 2, max_length=4), ValueError, "max_length must be given"),
+    (lambda: MultiheadAttention(6, 2, dtype=torch.int64), TypeError, "dtype must be"),
+    (lambda: MultiheadAttention(6, 2, position_bias="learned", max_length=3)(torch.zeros(4, 6, dtype=torch.float64)),
+     ValueError, "length n <= 3"),
+    (lambda: MultiheadAttention(6, 2)(torch.zeros(4, 5, dtype=torch.float64)), ValueError, "X must have shape"),
+    (lambda: alibi_slopes(0), ValueError, "H must be >= 1"),
+])
+def test_multihead_attention_bad_input_names_the_argument(call_, error, match):
+    with pytest.raises(error, match=match):
+        call_()

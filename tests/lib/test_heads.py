@@ -537,3 +537,238 @@ def test_head_counts_take_every_model_with_lags(model):
                                rtol=1e-10, atol=1e-12 * (sigma ** 2).sum())
     assert population_error(model, truncated_heads(model, n, 2), n) == pytest.approx((sigma[2:] ** 2).sum(),
                                                                                       rel=1e-9)
+
+
+# -- thm-rank-limited-heads: heads with value maps of rank <= r ---------------------------------------
+
+from lib import (MultiheadAttention, fit_rank_limited_heads, rank_limited_error_floor,  # noqa: E402
+                 rank_limited_heads, s4d_ssm)
+
+E = np.eye(2)
+I2, J2, N2 = np.eye(2), np.array([[0.0, -1.0], [1.0, 0.0]]), np.array([[0.0, 1.0], [0.0, 0.0]])
+
+
+def spanned_by(*blocks):
+    """A model whose lags are the given blocks (ℓ < m): its lag span is their span, on n = m."""
+    V = np.array(blocks, dtype=float)
+    return RelativeHeads(V, np.eye(len(V)))
+
+
+def stacked(*columns):
+    """A p × 2 block from its columns."""
+    return np.array(columns, dtype=float).T
+
+
+# Spans with H_r worked out by hand (the comment says how), as (model, r, H_r).
+E4 = np.eye(4)
+HAND = {
+    # all 3 × 3 diagonals: k = 3, basis E_qq of rank one: H_r = 3 for every r
+    "diagonals, r = 1": (spanned_by(*[np.diag(e) for e in np.eye(3)]), 1, 3),
+    "diagonals, r = 3": (spanned_by(*[np.diag(e) for e in np.eye(3)]), 3, 3),
+    # span{I, N} (N nilpotent): its only singular elements are multiples of N, so no rank-one
+    # basis (H_1 >= 3); I = E_11 + E_22 and N: 3 rank-one values
+    "span{I, N}, r = 1": (spanned_by(I2, N2), 1, 3),
+    "span{I, N}, r = 2": (spanned_by(I2, N2), 2, 2),
+    # 4 × 2, [I; 0] and [0; I]: columns span ℝ⁴, so H_1 >= 4, and 2 + 2 rank-one pieces do it;
+    # r = 2: the basis itself
+    "4 × 2 stacked, r = 1": (spanned_by(np.vstack([E, 0 * E]), np.vstack([0 * E, E])), 1, 4),
+    "4 × 2 stacked, r = 2": (spanned_by(np.vstack([E, 0 * E]), np.vstack([0 * E, E])), 2, 2),
+    # 3 × 2, E_11, E_21, E_31: k = 3 rank-one
+    "3 × 2 column, r = 1": (spanned_by(*[np.outer(e, [1.0, 0.0]) for e in np.eye(3)]), 1, 3),
+    # 2 × 4, one row each of [I 0], [0 I] transposed: rows span ℝ⁴ (the row bound): H_1 = 4
+    "2 × 4 side by side, r = 1": (spanned_by(np.hstack([E, 0 * E]), np.hstack([0 * E, E])), 1, 4),
+    # diagonal 4 × 4 with two equal pairs, diag(1,1,0,0), diag(0,0,1,1): blocks of dimension 2,
+    # so H_2 = 2 (the values are the basis, rank 2), H_1 = 4
+    "paired diagonals, r = 2": (spanned_by(np.diag([1.0, 1, 0, 0]), np.diag([0.0, 0, 1, 1])), 2, 2),
+    "paired diagonals, r = 1": (spanned_by(np.diag([1.0, 1, 0, 0]), np.diag([0.0, 0, 1, 1])), 1, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(HAND))
+def test_thm_rank_limited_heads_bounds_meet_the_hand_count(name):
+    model, r, expected = HAND[name]
+    assert rank_limited_heads(model, r, model.max_length) == (expected, expected)
+
+
+def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
+    # span{I_4, diag(1, 2, 3, 4)}: k = 2, r = 2 divides m = 4, but the eigenspaces of M⁻¹N have
+    # dimension 1, so part 3 fails: H_2 >= 3 (the bounds k and ⌈c/r⌉ give only 2); E_qq: H_2 <= 4.
+    model = spanned_by(np.eye(4), np.diag([1.0, 2, 3, 4]))
+    lower, upper = rank_limited_heads(model, 2, 2)
+    assert lower == 3 and upper <= 4
+    # the same with eigenspaces of dimension 2: the criterion holds and builds 2 values of rank 2
+    assert rank_limited_heads(spanned_by(np.eye(4), np.diag([1.0, 1, 3, 3])), 2, 2) == (2, 2)
+
+
+def test_thm_rank_limited_heads_damped_rotation_needs_three_rank_one_heads():
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    assert rank_limited_heads(rotation, 1, 32) == (3, 3)
+    assert rank_limited_heads(rotation, 2, 32) == (2, 2)
+    assert rank_limited_heads(spanned_by(I2, J2), 1, 2)[0] == 3      # no modes: lower bound alone
+    triple = np.array([[[1.0, 0], [0, 0]], [[0, 0], [0, 1.0]], [[1.0, -1], [1, -1]]])
+    assert [np.linalg.matrix_rank(v) for v in triple] == [1, 1, 1]
+    lags = lags_np(rotation, 32).reshape(32, 4)
+    c = np.linalg.lstsq(triple.reshape(3, 4).T, lags.T, rcond=None)[0]
+    assert np.abs(triple.reshape(3, 4).T @ c - lags.T).max() < 1e-14
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_thm_rank_limited_heads_r_at_least_min_p_d_is_the_head_count(seed):
+    g = np.random.default_rng(seed)
+    N, d, p = g.integers(1, 7, size=3)
+    ssm = LinearSSM.random(int(N), int(d), int(p), seed=seed)
+    k = min_heads(ssm, 12)
+    for r in (min(p, d), max(p, d) + 1):
+        assert rank_limited_heads(ssm, int(r), 12) == (k, k)
+
+
+@pytest.mark.parametrize("model", [DiagonalSSM.random(3, 4, seed=1), SharedStateSSM.random(3, 4, seed=3)],
+                         ids=["S4D layer", "S5 layer"])
+def test_thm_rank_limited_heads_layers_with_a_skip(model):
+    # lags with a skip D at ℓ = 0 (not C A^ℓ B): no modal bound; r = min(p, d) gives k exactly, and
+    # the bounds at r = 1 bracket what three optimiser starts reach.
+    k = min_heads(model, 16)
+    assert rank_limited_heads(model, 3, 16) == (k, k)
+    wide = SharedStateSSM.random(4, 8, seed=0)  # fast-decaying lags: the greedy lag basis misses one
+    assert rank_limited_heads(wide, 4, 32) == (6, 6)
+    lower, upper = rank_limited_heads(model, 1, 16)
+    assert k <= lower <= upper <= 9
+    assert fit_rank_limited_heads(model, 16, upper, 1, restarts=3)[0] < 1e-5
+
+
+def test_fit_rank_limited_heads_two_methods_agree_on_the_damped_rotation():
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    for H in (1, 2):
+        als = fit_rank_limited_heads(rotation, 32, H, 1, weighted=True, restarts=4)[0]
+        lbfgs = fit_rank_limited_heads(rotation, 32, H, 1, weighted=True, method="lbfgs", restarts=4)[0]
+        assert als == pytest.approx(lbfgs, rel=1e-3)
+
+
+def test_thm_rank_limited_heads_no_lags_need_no_heads():
+    ssm = LinearSSM(0.5 * np.eye(2), np.zeros((2, 3)), np.ones((2, 2)))
+    assert rank_limited_heads(ssm, 1, 5) == (0, 0)
+    assert rank_limited_error_floor(ssm, 5, 0, 1) == 0.0
+    assert fit_rank_limited_heads(ssm, 5, 2, 1)[0] == 0.0
+
+
+def test_thm_rank_limited_heads_bounds_bracket_the_optimiser_on_book_ssms():
+    # The optimiser reaches ~0 at the upper bound, and one head below the lower bound it stays at
+    # or above the proved floor (4), which is positive where the lower bound is k or ⌈c/r⌉; for
+    # random(3, 4, 4) the lower bound k + 1 comes from part 3 (A has a complex pair) and no
+    # positive floor is proved (an infimum can be 0 there: span{I, N}).
+    cases = [(s4d_ssm(4, 3, 0.9, seed=0), True), (LinearSSM.random(5, 2, 3, seed=2), True),
+             (LinearSSM.random(3, 4, 4, seed=1), False)]
+    for ssm, floored in cases:
+        lower, upper = rank_limited_heads(ssm, 1, 16)
+        at_upper = fit_rank_limited_heads(ssm, 16, upper, 1, restarts=4, seed=0)[0]
+        assert at_upper < 1e-5, (lower, upper, at_upper)  # squared: 1e-10; the floors below are > 1e-1
+        floor = rank_limited_error_floor(ssm, 16, lower - 1, 1)
+        below = fit_rank_limited_heads(ssm, 16, lower - 1, 1, restarts=4, seed=0)[0]
+        assert below >= floor * (1 - 1e-9) and (floor > 1e-1) == floored, (lower, floor, below)
+
+
+def test_thm_rank_limited_heads_span_i_n_has_no_floor_below_its_count():
+    # span{I, N}: H_1 = 3, yet two rank-one values come arbitrarily close (N and I + tX + cN of
+    # rank one, c → ∞): the optimiser's error at H = 2 is far below any fixed floor.
+    assert fit_rank_limited_heads(spanned_by(I2, N2), 2, 2, 1, restarts=4)[0] < 1e-2
+
+
+def test_thm_rank_limited_heads_optimiser_on_the_damped_rotation():
+    # three rank-one heads: ~0; two: the infimum 1/2 of prop-rank-limited-heads (part 2, on the
+    # orthonormal basis), never below it; one: √(3/4), attained.
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    assert fit_rank_limited_heads(rotation, 32, 3, 1, restarts=4)[0] < 1e-8
+    two = fit_rank_limited_heads(rotation, 32, 2, 1, restarts=8)[0]
+    assert 0.5 * (1 - 1e-9) <= two < 0.5 + 1e-4
+    assert fit_rank_limited_heads(rotation, 32, 1, 1, restarts=4)[0] == pytest.approx(np.sqrt(0.75), rel=1e-9)
+    assert fit_rank_limited_heads(rotation, 32, 2, 2, restarts=2)[0] < 1e-8
+
+
+def test_thm_rank_limited_heads_floor_against_an_independent_projection():
+    # the floor is a lower bound for any family: random rank-one families, by numpy least squares
+    ssm = LinearSSM.random(6, 3, 3, seed=5)
+    k = min_heads(ssm, 16)
+    Q = np.linalg.svd(lags_np(ssm, 16).reshape(16, 9))[2][:k]       # orthonormal basis of the span
+    g = np.random.default_rng(0)
+    for H in (1, 2, 4):
+        floor = rank_limited_error_floor(ssm, 16, H, 1)
+        for _ in range(20):
+            V = np.einsum("hp,hd->hpd", g.standard_normal((H, 3)), g.standard_normal((H, 3))).reshape(H, 9)
+            coef = np.linalg.lstsq(V.T, Q.T, rcond=None)[0]
+            error = np.sqrt(((Q.T - V.T @ coef) ** 2).sum() / k)
+            assert error >= floor * (1 - 1e-12)
+
+
+def test_multihead_values_have_rank_at_most_d_over_H():
+    model = MultiheadAttention(8, 4, seed=3)
+    assert [int(np.linalg.matrix_rank(v)) for v in model.values().detach().numpy()] == [2] * 4
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: rank_limited_heads(SSM, 0, 5), ValueError, "r must be >= 1"),
+    (lambda: rank_limited_heads(SSM, 1, 0), ValueError, "n must be >= 1"),
+    (lambda: rank_limited_heads(SSM, 1, 5, rtol=2.0), ValueError, "rtol must be"),
+    (lambda: rank_limited_heads(np.eye(2), 1, 5), TypeError, "ssm must be an LTI model"),
+    (lambda: rank_limited_error_floor(SSM, 5, -1, 1), ValueError, "H must be >= 0"),
+    (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, weighted=1), TypeError, "weighted must be a bool"),
+    (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, restarts=0), ValueError, "restarts must be >= 1"),
+    (lambda: fit_rank_limited_heads(SSM, 5, 1, 1.5), TypeError, "r must be an integer"),
+    (lambda: fit_rank_limited_heads(SSM, 5, 1, 1, method="adam"), ValueError, "method must be one of"),
+])
+def test_rank_limited_bad_inputs_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# -- cor-heads-as-built: H heads of width d/H ---------------------------------------------------------
+
+
+def test_cor_heads_as_built_the_damped_rotation_at_d_2_with_no_H():
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    for H in (1, 2):                                        # the divisors of d = 2
+        assert rank_limited_heads(rotation, 2 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_never_when_k_exceeds_d():
+    ssm = s4d_ssm(8, 4, 0.9, seed=0)                        # k = 8 > d = 4
+    assert min_heads(ssm, 32) == 8
+    for H in (1, 2, 4):
+        assert rank_limited_heads(ssm, 4 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_an_s4d_layer_only_with_heads_of_width_one():
+    layer = DiagonalSSM.random(4, 8, seed=0)                 # diagonal lags, k = d = 4
+    assert min_heads(layer, 32) == 4
+    assert rank_limited_heads(layer, 1, 32)[1] <= 4
+    for H in (1, 2):
+        assert rank_limited_heads(layer, 4 // H, 32)[0] > H
+
+
+def test_cor_heads_as_built_an_attention_layer_loaded_with_the_fitted_values_holds_the_lags():
+    # random(3, 4, 4): H_1 = 4 (proved bounds meet). Fit 4 rank-one values, write them into a
+    # MultiheadAttention(4, 4) as W_O^h W_V^h, and check that its values() span every lag.
+    ssm = LinearSSM.random(3, 4, 4, seed=1)
+    assert rank_limited_heads(ssm, 1, 32) == (4, 4)
+    error, V = fit_rank_limited_heads(ssm, 32, 4, 1)
+    assert error < 1e-8
+    layer = MultiheadAttention(4, 4)
+    U, s, Wt = np.linalg.svd(V)                              # V_h = s_h1 u_h1 w_h1ᵀ
+    with torch.no_grad():
+        layer.out_proj.weight.copy_(torch.from_numpy((U[:, :, 0] * s[:, :1]).T))    # column h: W_O^h
+        layer.in_proj_weight[8:].copy_(torch.from_numpy(Wt[:, 0, :]))                # row h: W_V^h
+    values = layer.values().detach().numpy().reshape(4, 16)
+    lags = lags_np(ssm, 32).reshape(32, 16)
+    coefficients = np.linalg.lstsq(values.T, lags.T, rcond=None)[0]
+    assert np.abs(values.T @ coefficients - lags.T).max() < 1e-7 * np.abs(lags).max()
+    # two heads of width one stay above the floor of part 5 (three fail by part 4, with no floor)
+    assert rank_limited_error_floor(ssm, 32, 2, 1) > 0.5
+
+
+@pytest.mark.parametrize("N, d, p, seed", [(3, 4, 2, 276574), (3, 4, 2, 865221), (2, 2, 3, 468312)])
+def test_thm_rank_limited_heads_upper_bound_reached_where_als_alone_crawls(N, d, p, seed):
+    # Systems where 2000 ALS sweeps stop at e ~ 1e-4..1e-3 at the proved upper bound (= k, real
+    # modes: rank-one residues): the L-BFGS polish must finish the fit.
+    ssm = LinearSSM.random(N, d, p, seed=seed)
+    lower, upper = rank_limited_heads(ssm, 1, 12)
+    assert lower == upper == min_heads(ssm, 12)
+    assert fit_rank_limited_heads(ssm, 12, upper, 1, restarts=6)[0] < 1e-6
