@@ -183,3 +183,25 @@ def built_book(tmp_path_factory) -> Book:
 def copy_book(book: Book, root: Path) -> Book:
     shutil.copytree(book.root, root, symlinks=True)
     return Book(root)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def import_benchmark(name: str):
+    """A benchmark script as a module (its harness pins thread variables at import: restored after)."""
+    import importlib
+    import os
+    import sys
+
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -4,33 +4,17 @@ the reference requires). No timing is asserted."""
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from lib.scan import ssd_loop
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The benchmark module (its harness pins thread variables at import: restored after)."""
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_blocks
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return bench_blocks
+    return import_benchmark("bench_blocks")
 
 
 @pytest.mark.parametrize("G, H, block_len", [(1, 3, 4), (2, 4, 3), (4, 4, 12)])

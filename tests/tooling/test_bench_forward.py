@@ -3,33 +3,17 @@ measured over every tensor; the quick sizes keep the targets. No timing is asser
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from lib import SSD, LinearSSM, SelectiveSSM, SoftmaxAttention
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    """The benchmark module (its harness pins thread variables at import: restored after)."""
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_forward
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return bench_forward
+    return import_benchmark("bench_forward")
 
 
 MODELS = {
