@@ -96,6 +96,7 @@ def mamba_rows(lengths, pairs):
         rows.append(row(CAPABILITY, "forward", L, model="Mamba block, d_model 256, float32",
                         ours="MambaBlock (auto)", baseline="transformers MambaMixer (torch path)",
                         ours_times=times["ours"], baseline_times=times["theirs"], max_rel_diff=diff,
+                        note=f"transformers {transformers.__version__}",
                         targets=[Target("ratio", ">=", 1.0, "≥ 1×")]))
     return rows
 

@@ -123,7 +123,10 @@ def channel_span(model: Any, inputs: Any, rtol: float = 1e-10, min_lag: int = 0)
     V (D, d) (lib.MambaBlock, lib.Mamba2Block); inputs as for `interaction_span`. The rows
     vec 𝒲_ij = Mᵀ g_ij, M with rows vec(u_q v_qᵀ), have Gram Γ Ω Γᵀ with Ω = MMᵀ = (UᵀU) ⊙ (VVᵀ):
     their singular values are those of Γ Ω^{1/2}, computed in O(n² D²) instead of O(n² p² d²).
-    The rank rule is `operator_span`'s. min_lag > 0 keeps the pairs at lags i − j >= min_lag
+    The rank rule is `operator_span`'s, above a floor: eigenvalues of Ω below D·eps·λ_max count
+    as zero (where rounding leaves exactly dependent maps), so directions along channel maps within
+    ~√(D·eps) of dependent are dropped; a well-conditioned Ω (every block of the book) is exact
+    to rounding. min_lag > 0 keeps the pairs at lags i − j >= min_lag
     (beyond a convolution's window, say); an input shorter than min_lag + 1 adds no pair.
     """
     rtol = check_rtol(rtol)
