@@ -155,7 +155,10 @@ def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any) -> tuple
 def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:
     """Singular values of Γ, the rows g_ij (j <= i) of one input's coefficients g (n, n, D)."""
     rows, cols = torch.tril_indices(g.shape[0], g.shape[0])
-    return torch.linalg.svdvals(g[rows, cols].to(torch.float64)).numpy()
+    gamma = g[rows, cols].to(torch.float64)
+    if gamma.shape[0] > gamma.shape[1]:  # keeps the singular values; numpy's SVD is the faster
+        gamma = torch.linalg.qr(gamma, mode="r").R
+    return np.linalg.svd(gamma.numpy(), compute_uv=False)
 
 
 def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:

@@ -153,10 +153,13 @@ def _coefficient_span(rows: torch.Tensor, U: torch.Tensor, V: torch.Tensor, rtol
     # The ChannelSpan of coefficient rows (m, D) with factors U (p, D), V (D, d); for experiments
     # that reuse one computation of the coefficients. Unchecked: callers pass what channel_span does.
     U, V, rows = (t.detach().to(torch.float64) for t in (U, V, rows))
+    if rows.shape[0] > rows.shape[1]:  # R of a QR keeps the singular values of rows and rows Ω^½
+        rows = torch.linalg.qr(rows, mode="r").R
     lam, Q = torch.linalg.eigh((U.T @ U) * (V @ V.T))
     # Ω^{1/2}. Ω is PSD; rounding leaves its zero eigenvalues at ±D·eps·λ_max, whose square roots
     # (~1e-8 relative) would pass the rank rule: set them to zero.
     noise = lam.shape[0] * torch.finfo(lam.dtype).eps * lam[-1].clamp(min=0)
     root = (Q * torch.where(lam > noise, lam, 0).sqrt()) @ Q.T
-    sigma = torch.linalg.svdvals(rows @ root).numpy()
-    return ChannelSpan(rank(sigma, rtol), sigma, torch.linalg.svdvals(rows).numpy(), lam.numpy())
+    # numpy's SVD: torch's svdvals is ~4× slower on these sizes (LAPACK driver).
+    sigma = np.linalg.svd((rows @ root).numpy(), compute_uv=False)
+    return ChannelSpan(rank(sigma, rtol), sigma, np.linalg.svd(rows.numpy(), compute_uv=False), lam.numpy())
