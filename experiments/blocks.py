@@ -79,7 +79,8 @@ def factored_identity_error(block: Any, X: torch.Tensor) -> float:
     with torch.no_grad():
         U, V = block.factors()
         y = torch.einsum("ijq,jq->iq", block.coefficients(X), X @ V.T) @ U.T + block.offset(X)
-        return float(torch.linalg.vector_norm(y - block(X)) / torch.linalg.vector_norm(block(X)))
+        reference = block(X)
+        return float(torch.linalg.vector_norm(y - reference) / torch.linalg.vector_norm(reference))
 
 
 def _transformers():
