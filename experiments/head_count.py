@@ -174,6 +174,16 @@ def built_values_residual(ssm: Any, n: int, r: int) -> float:
     return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
 
 
+def residual_lag_span(ssm: Any, n: int) -> RelativeHeads:
+    """A model whose lags ℓ < n are L_ℓ − δ_ℓ0 I (p = d): what the attention inside a residual block
+    y = x + Attn(x) must represent ({prf:ref}`cor-heads-as-built` part 6), for `lib.rank_limited_heads`."""
+    lags = ssm.lags(n).detach().to(torch.float64).clone()
+    if lags.shape[1] != lags.shape[2]:
+        raise ValueError(f"ssm must have p = d for a residual block; got p = {lags.shape[1]}, d = {lags.shape[2]}")
+    lags[0] -= torch.eye(lags.shape[1], dtype=lags.dtype)
+    return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
+
+
 def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Callable[[int], float]) -> dict:
     """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
 

@@ -1160,3 +1160,14 @@ def test_thm_rank_limited_heads_survey_counts_built_maps_that_miss_a_lag(monkeyp
     monkeypatch.setattr(hc, "rank_limited_values", lambda ssm, r, n: np.eye(2)[None])  # I alone: misses J
     broken = hc.rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 0.0][H])
     assert broken["built"] > 0.1 and broken["failures"] == 1
+
+
+def test_residual_lag_span_shifts_lag_zero_only():
+    from experiments.head_count import residual_lag_span
+    ssm = LinearSSM.random(3, 2, 2, seed=1)
+    lags = ssm.lags(5).detach().numpy()
+    shifted = residual_lag_span(ssm, 5).lags(5).detach().numpy()
+    assert np.abs(shifted[0] - (lags[0] - np.eye(2))).max() < 1e-15
+    assert np.abs(shifted[1:] - lags[1:]).max() < 1e-15
+    with pytest.raises(ValueError, match="p = d"):
+        residual_lag_span(LinearSSM.random(3, 2, 3, seed=1), 5)
