@@ -18,7 +18,7 @@ import torch
 
 from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batched, factorized_operator,
                  fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
-                 rank_limited_heads, truncated_heads)
+                 rank_limited_heads, rank_limited_values, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 
 
@@ -156,13 +156,43 @@ def as_built_verdict(lower: int, upper: int, H: int) -> str:
     return "yes" if upper <= H else "no" if lower > H else "open"
 
 
+def built_values_residual(ssm: Any, n: int, r: int) -> float:
+    """How far the lags ℓ < n lie from the span of `lib.rank_limited_values` (the proofs' value maps).
+
+    Numpy least squares of every lag on the maps, the largest residual entry relative to the largest
+    lag entry; inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding when
+    the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
+    """
+    V = rank_limited_values(ssm, r, n)
+    lags = ssm.lags(n).detach().to(torch.float64).numpy().reshape(n, -1)
+    if not np.abs(lags).max() > 0:
+        return 0.0
+    if any(np.linalg.matrix_rank(v, tol=1e-10 * np.abs(v).max()) > r for v in V):
+        return math.inf
+    flat = V.reshape(len(V), -1)
+    coef = np.linalg.lstsq(flat.T, lags.T, rcond=None)[0]
+    return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
+
+
+def residual_lag_span(ssm: Any, n: int) -> RelativeHeads:
+    """A model whose lags ℓ < n are L_ℓ − δ_ℓ0 I (p = d): what the attention inside a residual block
+    y = x + Attn(x) must represent ({prf:ref}`cor-heads-as-built` part 6), for `lib.rank_limited_heads`."""
+    lags = ssm.lags(n).detach().to(torch.float64).clone()
+    if lags.shape[1] != lags.shape[2]:
+        raise ValueError(f"ssm must have p = d for a residual block; got p = {lags.shape[1]}, d = {lags.shape[2]}")
+    lags[0] -= torch.eye(lags.shape[1], dtype=lags.dtype)
+    return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
+
+
 def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Callable[[int], float]) -> dict:
     """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
 
     `fit(H)` is the optimiser's relative error with H heads of rank <= r (e of part 5). Returns k,
-    k_col = dim col, k_row = dim row, lower, upper, the floor of part 5 and fit at H = lower − 1 (None if
-    lower = 0), fit at upper, and `failures`: bounds that cross, an optimiser above 1e-5 at the
-    upper bound, below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
+    k_col = dim col, k_row = dim row, lower, upper, `built` (`built_values_residual`: the upper
+    bound's value maps, built), the floor of part 5 and fit at H = lower − 1 (None if lower = 0),
+    fit at upper (a measurement: an optimiser can stop above 0 at a correct bound), and
+    `failures`: bounds that cross, upper bound's maps that miss the lags (residual > 1e-8), the
+    optimiser below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
     `heads`: more H at which to record fit(H) (as "e at H").
     """
     k = min_heads(ssm, n)
@@ -170,9 +200,10 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     k_col = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
     k_row = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
     lower, upper = rank_limited_heads(ssm, r, n)
-    row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper, floor=None, below=None,
+    row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper,
+               built=built_values_residual(ssm, n, r), floor=None, below=None,
                at_upper=fit(upper) if upper else 0.0)
-    failures = int(lower > upper) + int(row["at_upper"] > 1e-5)
+    failures = int(lower > upper) + int(not row["built"] <= 1e-8)
     if lower >= 1:
         row["floor"] = rank_limited_error_floor(ssm, n, lower - 1, r)
         row["below"] = fit(lower - 1)

@@ -12,7 +12,8 @@ from .attention import LinearAttention, MultiheadAttention, RelativeHeads, Softm
 from .base import SequenceMap, batched
 from .blocks import Mamba2Block, MambaBlock
 from .heads import (fit_heads, fit_rank_limited_heads, heads_from_ssm, heads_needed, min_heads, optimal_head_errors,
-                    population_error, rank_limited_error_floor, rank_limited_heads, truncated_heads)
+                    population_error, rank_limited_error_floor, rank_limited_heads, rank_limited_values,
+                    truncated_heads)
 from .jacobians import jacobian_blocks, jacobian_norms
 from .layers import CausalConv1d, Dense, FeedForward, KANLayer
 from .operators import apply_operator, factorized_operator, identity_error, relative_error, toeplitz_operator
@@ -35,7 +36,8 @@ API = {
     "Operator spans": ["operator_span", "interaction_span", "interaction_rank", "channel_span"],
     "Head counts": [
         "min_heads", "heads_from_ssm", "optimal_head_errors", "truncated_heads", "heads_needed",
-        "population_error", "fit_heads", "rank_limited_heads", "rank_limited_error_floor", "fit_rank_limited_heads"],
+        "population_error", "fit_heads", "rank_limited_heads", "rank_limited_values", "rank_limited_error_floor",
+        "fit_rank_limited_heads"],
     "Jacobian profiles": ["jacobian_blocks", "jacobian_norms"],
     "Training": ["fit", "imitate"],
 }

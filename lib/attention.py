@@ -233,9 +233,19 @@ class RelativeHeads(SequenceMap):
 
 
 def alibi_slopes(H: int) -> torch.Tensor:
-    """ALiBi's head slopes m_h = 2^(−8h/H), h = 1..H (Press et al. 2022), float64, shape (H,)."""
+    """ALiBi's head slopes (Press et al. 2022, their `get_slopes`), float64, shape (H,).
+
+    For H a power of two, m_h = 2^(−8h/H), h = 1..H. Otherwise, with P the largest power of two
+    below H: the P slopes for P, then the first H − P of every other slope for 2P (m = 2^(−4(2h−1)/P),
+    h = 1..H − P); so for H = 3: 2^−4, 2^−8, 2^−2.
+    """
     H = check_int(H, "H")
-    return 2.0 ** (-8.0 * torch.arange(1, H + 1, dtype=torch.float64) / H)
+    P = 1 << (H.bit_length() - 1)                       # the largest power of two <= H
+    h = torch.arange(1, H + 1, dtype=torch.float64)
+    if P == H:
+        return 2.0 ** (-8.0 * h / H)
+    extra = torch.arange(1, H - P + 1, dtype=torch.float64)
+    return torch.cat([2.0 ** (-8.0 * h[:P] / P), 2.0 ** (-8.0 * (2 * extra - 1) / (2 * P))])
 
 
 class MultiheadAttention(SequenceMap):

@@ -264,56 +264,142 @@ def _flat_rank(blocks: np.ndarray, rtol: float) -> int:
     return rank(np.linalg.svd(np.concatenate(list(blocks), axis=1), compute_uv=False), rtol)
 
 
+def _holds(V: np.ndarray, Q: np.ndarray, atol: float = 1e-8) -> bool:
+    # Whether span{V_h} holds every Q_b (orthonormal, (k, p, d)) to atol: the residual after projecting
+    # on an SVD basis of the V_h (a rank rule at 1e-12, so dependent V_h add no spurious directions).
+    flat, rows = V.reshape(len(V), -1), Q.reshape(len(Q), -1)
+    if len(flat) == 0 or not np.abs(flat).max() > 0:
+        return len(rows) == 0 or not np.abs(rows).max() > atol
+    u, s, _ = np.linalg.svd(flat.T, full_matrices=False)
+    basis = u[:, s > 1e-12 * s[0]]
+    return bool(np.abs(rows - (rows @ basis) @ basis.T).max() <= atol)
+
+
+def _split(blocks: np.ndarray, r: int, rtol: float) -> np.ndarray:
+    # Thm part 2: each M_b = Σ_t σ_t u_t v_tᵀ cut into ⌈rank M_b / r⌉ pieces of r singular triples.
+    pieces = []
+    for M in blocks:
+        U, sigma, Wt = np.linalg.svd(M, full_matrices=False)
+        m = rank(sigma, rtol)
+        pieces += [(U[:, t:t + r] * sigma[t:t + r]) @ Wt[t:t + r] for t in range(0, m, r)]
+    return np.array(pieces).reshape(len(pieces), *blocks.shape[1:])
+
+
+def _outer_basis(Q: np.ndarray, rtol: float) -> np.ndarray:
+    # Thm part 2: u_a w_bᵀ over orthonormal bases of col(𝓛) and row(𝓛), c·q maps of rank one.
+    cols = [np.linalg.svd(np.concatenate(list(blocks), axis=1), full_matrices=False)[:2] for blocks in (Q, Q.transpose(0, 2, 1))]
+    (u, su), (w, sw) = cols
+    u, w = u[:, :rank(su, rtol)], w[:, :rank(sw, rtol)]
+    return np.einsum("pa,db->abpd", u, w).reshape(-1, len(u), len(w))
+
+
+def _modal_values(ssm: LinearSSM, r: int) -> np.ndarray | None:
+    # Thm part 2, the modal construction, for lags C A^ℓ B with A diagonalisable (eigenvector
+    # condition <= 1e8, else None): R_m = C v_m w_mᵀ B; a real mode gives R_m (rank <= 1); a pair
+    # λ, λ̄ with Cv = a + ib, Bᵀw = f + ig gives Re R = afᵀ − bgᵀ and Im R = agᵀ + bfᵀ (r >= 2), or
+    # P S T_t Fᵀ, t = 1, 2, 3 (r = 1; P = [a b], F = [f g], S = diag(1, −1)).
+    A, B, C = (x.detach().to(torch.float64).numpy() for x in (ssm.A, ssm.B, ssm.C))
+    lam, vectors = np.linalg.eig(A)
+    if not np.isfinite(lam).all() or np.linalg.cond(vectors) > 1e8:
+        return None
+    left = np.linalg.inv(vectors)
+    real = np.abs(lam.imag) <= 1e-12 * max(np.abs(lam).max(), 1e-300)
+    S = np.diag([1.0, -1.0])
+    T = [np.diag([1.0, 0.0]), np.diag([0.0, 1.0]), np.array([[1.0, -1.0], [1.0, -1.0]])]
+    values = []
+    for j in range(len(lam)):
+        column, row = C @ vectors[:, j], left[j] @ B
+        if real[j]:
+            values.append(np.outer(column, row).real)
+        elif lam[j].imag > 0:
+            a, b, f, g = column.real, column.imag, row.real, row.imag
+            if r >= 2:
+                values += [np.outer(a, f) - np.outer(b, g), np.outer(a, g) + np.outer(b, f)]
+            else:
+                P, F = np.stack([a, b], axis=1), np.stack([f, g], axis=1)
+                values += [P @ S @ T_t @ F.T for T_t in T]
+    return np.array(values).reshape(len(values), C.shape[0], B.shape[1])
+
+
 def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
-    # The tight case of thm-rank-limited-heads (3): m = the rank of a generic M in the span, and
+    # The tight case, thm-rank-limited-heads part 4: m = the rank of a generic M in the span, and
     # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
-    # of dimension r in one basis (non-real eigenvalues, non-commuting, not diagonalisable, or
-    # eigenspaces of a dimension not a multiple of r). Returns (m, V, failed): V (m/r, p, d), values of rank <= r
-    # whose span holds every Q_b (checked), or None.
+    # of dimension r in one basis (a non-real eigenvalue, non-commuting, not diagonalisable, or an
+    # eigenspace of a dimension not a multiple of r, with the eigenvalues 1e-3 apart). Returns
+    # (m, V, failed): V (m/r, p, d), values of rank <= r whose span holds every Q_b (checked), or
+    # None. The K_b carry M⁺, whose rounding grows like cond(M) = σ_1/σ_m: above 1e6 the test never
+    # reports "failed" (undecided, no claim either way); a V is still built and checked.
     g = np.random.default_rng(0)
     M = np.einsum("b,bpd->pd", g.standard_normal(len(Q)), Q)
     U, sigma, Wt = np.linalg.svd(M)
     m = rank(sigma, rtol)
-    if m % r:
+    if m == 0 or m % r:
         return m, None, False
+    decidable = bool(sigma[0] <= 1e6 * sigma[m - 1])
     R = Wt[:m].T                                                   # orthonormal basis of row(M), (d, m)
     pinv = (Wt[:m].T / sigma[:m]) @ U[:, :m].T                     # M⁺ (d, p)
     K = np.einsum("dm,dp,bpe,en->bmn", R, pinv, Q, R)              # K_b = Rᵀ M⁺ Q_b R, (k, m, m)
     mixed = np.einsum("b,bmn->mn", g.standard_normal(len(Q)), K)   # a generic K
     scale = max(float(np.abs(mixed).max()), 1e-300)
     commutators = np.abs(np.einsum("bmn,nk->bmk", K, mixed) - np.einsum("mn,bnk->bmk", mixed, K)).max()
-    lam, T = np.linalg.eig(mixed)
+    lam = np.linalg.eigvals(mixed)
     if commutators > 1e-6 * scale * np.abs(K).max() or np.abs(lam.imag).max() > 1e-6 * scale:
-        return m, None, True
-    order = np.argsort(lam.real)
-    lam, T = lam.real[order], T.real[:, order]
-    cuts = np.flatnonzero(np.diff(lam) > 1e-6 * scale) + 1
-    clusters = np.split(np.arange(m), cuts)
-    if any(len(c) % r for c in clusters) and np.diff(lam).min(initial=np.inf) > 1e-3 * scale:
-        return m, None, True                                          # well-separated eigenvalues, wrong sizes
-    for c in clusters:  # an eigenvalue with fewer eigenvectors than its multiplicity: not diagonalisable
-        shifted = mixed - lam[c].mean() * np.eye(m)
-        if (np.linalg.svd(shifted, compute_uv=False) > 1e-4 * scale).sum() > m - len(c):
-            return m, None, True
-    if any(len(c) % r for c in clusters) or np.linalg.cond(T) > 1e8:
+        return m, None, decidable
+    lam = np.sort(lam.real)
+    clusters = np.split(lam, np.flatnonzero(np.diff(lam) > 1e-6 * scale) + 1)
+    means = np.array([c.mean() for c in clusters])
+    spaces = []
+    for c, mean in zip(clusters, means):  # each eigenspace: the null space of K − λI, from an SVD
+        _, s, vt = np.linalg.svd(mixed - mean * np.eye(m))
+        if (s > 1e-4 * scale).sum() > m - len(c):                  # fewer eigenvectors: not diagonalisable
+            return m, None, decidable
+        spaces.append(vt[m - len(c):].T)
+    if any(len(c) % r for c in clusters):                           # wrong sizes: fails if well separated
+        return m, None, decidable and bool(np.diff(means).min(initial=np.inf) > 1e-3 * scale)
+    T = np.concatenate(spaces, axis=1)
+    if np.linalg.cond(T) > 1e8:
         return m, None, False                                         # undecided: no claim either way
     # Split each eigenspace into pieces of dimension r: V_h = M R T_h S_h (S = T⁻¹), rank <= r.
     S = np.linalg.inv(T)
-    pieces = [idx for c in clusters for idx in np.split(c, len(c) // r)]
-    V = np.stack([M @ R @ T[:, idx] @ S[idx] @ R.T for idx in pieces])
-    basis = np.linalg.qr(V.reshape(len(V), -1).T)[0]
-    flat = Q.reshape(len(Q), -1)
-    residual = np.abs(flat - (flat @ basis) @ basis.T).max()
-    return m, (V if residual < 1e-8 else None), False
+    V = np.stack([M @ R @ T[:, t:t + r] @ S[t:t + r] @ R.T for t in range(0, m, r)])
+    return m, (V if _holds(V, Q) else None), False
 
 
-def _mode_counts(ssm: Any) -> tuple[int, int] | None:
-    # (N_ℝ, N_ℂ): real eigenvalues and conjugate pairs of a LinearSSM's A if diagonalisable, or None.
-    lam, vectors = np.linalg.eig(ssm.A.detach().to(torch.float64).numpy())
-    if not np.isfinite(lam).all() or np.linalg.cond(vectors) > 1e8:
-        return None
-    complex_ = int((np.abs(lam.imag) > 1e-12 * max(np.abs(lam).max(), 1e-300)).sum())
-    return len(lam) - complex_, complex_ // 2
+def rank_limited_values(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> np.ndarray:
+    """V (H, p, d): value maps of rank <= r whose span holds every lag ℓ < n, built by the proofs.
+
+    {prf:ref}`thm-rank-limited-heads`: part 2's constructions (the SVD split of two bases of the lag
+    span 𝓛, orthonormal and the first independent lags, into pieces of r singular triples; the c·q
+    maps u_a w_bᵀ; for a LinearSSM with diagonalisable A, N_ℝ + 3N_ℂ (r = 1) or N_ℝ + 2N_ℂ (r >= 2)
+    modal maps) and part 4's (m/r′ maps, r′ <= r dividing m). Each is checked (every Q_b of an
+    orthonormal basis of 𝓛 within 1e-8 of their span); the one with fewest maps. By part 1 these H
+    heads represent the map; H is the upper bound of `rank_limited_heads`. Shape (0, p, d) for k = 0.
+    """
+    ssm, n = _check_lti(ssm), check_int(n, "n")
+    r, rtol = check_int(r, "r"), check_rtol(rtol)
+    M, span = _lag_span(ssm, n, rtol)
+    k, Q = span.dim, span.basis
+    if k == 0:
+        return np.zeros((0, ssm.p, ssm.d))
+    candidates = [_split(Q, r, rtol), _outer_basis(Q, rtol)]
+    chosen: list[np.ndarray] = []  # the first k independent lags, in order of ℓ
+    for row in M:
+        trial = np.stack([*chosen, row])
+        if rank(np.linalg.svd(trial, compute_uv=False), rtol) == len(trial):
+            chosen.append(row)
+        if len(chosen) == k:
+            break
+    if len(chosen) == k:
+        candidates.append(_split(np.stack(chosen).reshape(k, ssm.p, ssm.d), r, rtol))
+    if isinstance(ssm, LinearSSM):  # lags exactly C A^ℓ B (no skip D)
+        candidates.append(_modal_values(ssm, r))
+    m = _scalar_blocks(Q, 1, rtol)[0]
+    candidates += [_scalar_blocks(Q, r_prime, rtol)[1] for r_prime in range(1, min(r, m) + 1) if m % r_prime == 0]
+    found = [V for V in candidates if V is not None and _holds(V, Q)]
+    if not found:
+        raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (no construction "
+                         "spans it); try a larger rtol or a shorter n")
+    return min(found, key=len)
 
 
 def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[int, int]:
@@ -321,16 +407,14 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
 
     {prf:ref}`thm-rank-limited-heads`, on the lag span 𝓛 of lags ℓ < n (rank rule `rtol`), k = dim 𝓛,
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
-    lower = max(k, ⌈c/r⌉, ⌈q/r⌉), plus one where r | m = c = q and part 3's criterion fails
-    (decided numerically, at 1e-6 relative; undecided counts as not failing); upper = the least of
-    Σ_b ⌈rank Q_b / r⌉ over two bases (orthonormal; the first independent lags), c·q, for a LinearSSM
-    with diagonalisable A (eigenvector condition <= 1e8) N_ℝ + 3N_ℂ (r = 1) or N_ℝ + 2N_ℂ (r >= 2) over
-    its real eigenvalues and conjugate pairs, and m/r′ for each r′ <= r where part 3 builds m/r′ values
-    of rank r′ (checked). lower == upper: H_r is known.
+    lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
+    (decided numerically at 1e-6 relative, only when cond(M) <= 1e6; undecided counts as not
+    failing); upper = the number of maps `rank_limited_values` builds and checks (parts 2 and 4).
+    lower == upper: H_r is known.
     """
     ssm, n = _check_lti(ssm), check_int(n, "n")
     r, rtol = check_int(r, "r"), check_rtol(rtol)
-    M, span = _lag_span(ssm, n, rtol)
+    span = _lag_span(ssm, n, rtol)[1]
     k, Q = span.dim, span.basis
     if k == 0:
         return 0, 0
@@ -338,30 +422,9 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     q = _flat_rank(Q.transpose(0, 2, 1), rtol)
     lower = max(k, -(-c // r), -(-q // r))
     m, _, failed = _scalar_blocks(Q, r, rtol)
-    if failed and lower == m // r:
+    if failed and m % r == 0 and lower == m // r:
         lower += 1
-    # the first k independent lags, in order of ℓ
-    chosen: list[np.ndarray] = []
-    for row in M:
-        trial = np.stack([*chosen, row])
-        if rank(np.linalg.svd(trial, compute_uv=False), rtol) == len(trial):
-            chosen.append(row)
-        if len(chosen) == k:
-            break
-    bases = [Q]
-    if len(chosen) == k:  # use the lags only if they span the numerical span (fast decay can fool the rule)
-        basis = np.linalg.qr(np.stack(chosen).T)[0]
-        if np.abs(M - (M @ basis) @ basis.T).max() <= rtol * np.abs(M).max():
-            bases.append(np.stack(chosen).reshape(k, ssm.p, ssm.d))
-    upper = min(sum(-(-rank(np.linalg.svd(B, compute_uv=False), rtol) // r) for B in basis)
-                for basis in bases)
-    upper = min(upper, c * q)
-    modes = _mode_counts(ssm) if isinstance(ssm, LinearSSM) else None  # lags exactly C A^ℓ B (no skip D)
-    if modes is not None:  # part 2: a rank-one value per real mode, 3 (r = 1) or 2 (r >= 2) per complex pair
-        upper = min(upper, modes[0] + (3 if r == 1 else 2) * modes[1])
-    for r_prime in range(1, min(r, m) + 1):
-        if m % r_prime == 0 and _scalar_blocks(Q, r_prime, rtol)[1] is not None:
-            upper = min(upper, m // r_prime)
+    upper = len(rank_limited_values(ssm, r, n, rtol))
     if upper < lower:  # the theorem forbids it: a rank decision went wrong
         raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (bounds {lower} > {upper}); "
                          "try a larger rtol or a shorter n")
@@ -371,7 +434,7 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
 def rank_limited_error_floor(ssm: Any, n: int, H: int, r: int, rtol: float = 1e-10) -> float:
     """A proved lower bound on the relative error of `fit_rank_limited_heads` (weighted=False) for any V.
 
-    {prf:ref}`thm-rank-limited-heads` (4): with Q_b an orthonormal basis of the lag span (k of them),
+    {prf:ref}`thm-rank-limited-heads` part 5: with Q_b an orthonormal basis of the lag span (k of them),
     error² >= max((k − H)/k, Σ_{t>Hr} σ_t([Q_1 … Q_k])²/k, the same for [Q_1ᵀ … Q_kᵀ]); the square root.
     0 for k = 0. Positive iff H < max(k, ⌈c/r⌉, ⌈q/r⌉).
     """
@@ -460,7 +523,7 @@ def fit_rank_limited_heads(ssm: Any, n: int, H: int, r: int, *, weighted: bool =
     """(relative error, V (H, p, d)): the best fit an optimiser finds with H value maps of rank <= r.
 
     Error² = Σ_b dist(Q_b, span{V_h})²_F / Σ_b ‖Q_b‖²_F, with Q_b an orthonormal basis of the lag span
-    (rtol as in `min_heads`), the e of {prf:ref}`thm-rank-limited-heads` (5): 0 iff the H heads
+    (rtol as in `min_heads`), the e of {prf:ref}`thm-rank-limited-heads` part 5: 0 iff the H heads
     represent the map. weighted: the rows of G (√(n − ℓ) vec L_ℓ) instead, the population error of
     the best coefficients over its H = 0 value ({prf:ref}`thm-approx-head-count`). V_h = U_h W_hᵀ,
     U_h (p, r), W_h (d, r). "als": alternating least squares on (coefficients, U, W), up to max_iter

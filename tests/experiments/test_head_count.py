@@ -1148,5 +1148,26 @@ def test_thm_rank_limited_heads_survey_counts_a_fit_below_the_floor_as_a_failure
     assert honest["e at 1"] == 0.71
     lying = rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.5, 0.0][H])  # below √(1/2)
     assert lying["failures"] == 1
-    stuck = rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 1e-3][H])  # misses at the top
-    assert stuck["failures"] == 1
+    # an optimiser that stops above 0 at the upper bound is a measurement, not a failure: the
+    # upper bound's value maps are built and checked instead
+    stuck = rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 1e-3][H])
+    assert stuck["failures"] == 0 and stuck["built"] < 1e-12
+
+
+def test_thm_rank_limited_heads_survey_counts_built_maps_that_miss_a_lag(monkeypatch):
+    import experiments.head_count as hc
+    rotation = LinearSSM.damped_rotation(0.9, 0.6)
+    monkeypatch.setattr(hc, "rank_limited_values", lambda ssm, r, n: np.eye(2)[None])  # I alone: misses J
+    broken = hc.rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 0.0][H])
+    assert broken["built"] > 0.1 and broken["failures"] == 1
+
+
+def test_residual_lag_span_shifts_lag_zero_only():
+    from experiments.head_count import residual_lag_span
+    ssm = LinearSSM.random(3, 2, 2, seed=1)
+    lags = ssm.lags(5).detach().numpy()
+    shifted = residual_lag_span(ssm, 5).lags(5).detach().numpy()
+    assert np.abs(shifted[0] - (lags[0] - np.eye(2))).max() < 1e-15
+    assert np.abs(shifted[1:] - lags[1:]).max() < 1e-15
+    with pytest.raises(ValueError, match="p = d"):
+        residual_lag_span(LinearSSM.random(3, 2, 3, seed=1), 5)

@@ -414,10 +414,25 @@ def torch_reference(d, H, seed):
     return reference
 
 
+# ALiBi's slopes written down by hand from Press et al.'s recipe (their `get_slopes`): for H a power
+# of two, 2^(−8/H), 2^(−16/H), …; otherwise the slopes of the largest power of two P < H, then every
+# other slope of 2P (the first H − P of them). Exponents of 2:
+ALIBI_EXPONENTS = {
+    1: [-8],
+    2: [-4, -8],
+    3: [-4, -8, -2],                                  # P = 2: −4, −8; of 4 (−2, −4, −6, −8): −2
+    4: [-2, -4, -6, -8],
+    5: [-2, -4, -6, -8, -1],                          # P = 4; of 8: −1
+    6: [-2, -4, -6, -8, -1, -3],                      # P = 4; of 8: −1, −3
+    8: [-1, -2, -3, -4, -5, -6, -7, -8],
+    12: [-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5],  # P = 8; of 16: −0.5, −1.5, …
+}
+
+
 def alibi_mask(H, n, b):
-    """Causal + ALiBi float mask (b·H, n, n), from the formula m_h = 2^(−8h/H), h = 1..H."""
+    """Causal + ALiBi float mask (b·H, n, n), from the hand-written slopes above."""
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    slopes = [2.0 ** (-8.0 * h / H) for h in range(1, H + 1)]
+    slopes = [2.0 ** e for e in ALIBI_EXPONENTS[H]]
     mask = np.stack([np.where(j <= i, -m * (i - j), -np.inf) for m in slopes])
     return torch.from_numpy(np.tile(mask, (b, 1, 1)))
 
@@ -484,6 +499,12 @@ def test_multihead_attention_operator_plus_offset_is_the_forward_pass(bias):
 def test_alibi_slopes_are_powers_of_two():
     np.testing.assert_allclose(alibi_slopes(8).numpy(), [2.0 ** -k for k in range(1, 9)], rtol=0)
     np.testing.assert_allclose(alibi_slopes(4).numpy(), [2.0 ** -(2 * k) for k in range(1, 5)], rtol=0)
+
+
+@pytest.mark.parametrize("H", sorted(ALIBI_EXPONENTS))
+def test_alibi_slopes_follow_the_published_recipe(H):
+    # H = 3, 5, 6, 12 are not powers of two: the slopes interleave, they are not 2^(−8h/H)
+    np.testing.assert_allclose(alibi_slopes(H).numpy(), [2.0 ** e for e in ALIBI_EXPONENTS[H]], rtol=1e-15)
 
 
 @pytest.mark.parametrize("call_, error, match", [
