@@ -23,7 +23,7 @@ from torch.nn.utils import parametrize
 
 from lib import (SSD, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, fit, jacobian_blocks,
                  jacobian_norms, s4d_ssm)
-from lib._validation import as_generator
+from lib._validation import as_generator, check_int
 from lib.jacobians import block_norms
 
 
@@ -1533,6 +1533,16 @@ def closing_slopes(block: Any, direction: Any) -> np.ndarray:
         return (block.dt_proj.weight @ (block.x_proj.weight[:block.dt_rank] @ torch.relu(a))).numpy()  # W_Δ relu(a)
 
 
+def _step_pre(block: Any, u: torch.Tensor) -> torch.Tensor:
+    """p(u) of `step_preactivations` as a differentiable tensor, u (..., d_model) -> (..., D_in)."""
+    x = u @ block.in_proj.weight[:block.d_inner].T
+    if block.in_proj.bias is not None:
+        x = x + block.in_proj.bias[:block.d_inner]
+    c = block.taps().sum(0) * x + (0 if block.conv1d.bias is None else block.conv1d.bias)
+    low = F.silu(c) @ block.x_proj.weight[:block.dt_rank].T                  # W_δ v, rank dt_rank
+    return low @ block.dt_proj.weight.T + block.dt_proj.bias
+
+
 def step_preactivations(block: Any, token: Any) -> np.ndarray:
     """p_q(u) = W_Δ[q,:] silu(w̄ ⊙ (V u + b_u) + b_c) + b_Δ[q] for a token u (d_model,), or for each of a
     stack of tokens (..., d_model); shape (..., D_in): the step pre-activation of a MambaBlock at every
@@ -1541,14 +1551,35 @@ def step_preactivations(block: Any, token: Any) -> np.ndarray:
     u = torch.as_tensor(np.asarray(token, dtype=float)).to(block.D.dtype)
     if u.ndim == 0 or u.shape[-1] != block.d_model:
         raise ValueError(f"token must have shape (..., {block.d_model}); got {tuple(u.shape)}")
-    r = block.dt_rank
     with torch.no_grad():
-        x = u @ block.in_proj.weight[:block.d_inner].T
-        if block.in_proj.bias is not None:
-            x = x + block.in_proj.bias[:block.d_inner]
-        c = block.taps().sum(0) * x + (0 if block.conv1d.bias is None else block.conv1d.bias)
-        low = F.silu(c) @ block.x_proj.weight[:r].T                          # W_δ v, rank dt_rank
-        return (low @ block.dt_proj.weight.T + block.dt_proj.bias).numpy()
+        return _step_pre(block, u).numpy()
+
+
+def closing_witnesses(block: Any, channels: Any, rms: float = 1.0, *, steps: int = 100, seed: Any = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, levels): for each channel q of `channels`, a token u_q of root-mean-square `rms` found by
+    projected gradient descent on p_q(u) over that sphere (normalised steps shrinking to 0, the best
+    iterate kept), and its level −p_q(u_q) (`step_preactivations`, recomputed): a witness that a token of
+    that size closes q at that level, not the least p_q on the sphere. tokens (|Q|, d_model), levels (|Q|,)."""
+    Q = np.asarray(channels, dtype=int)
+    steps, R = check_int(steps, "steps"), float(rms) * math.sqrt(block.d_model)
+    if not R > 0:
+        raise ValueError(f"rms must be > 0; got {rms}")
+    U = torch.from_numpy(as_generator(seed).standard_normal((len(Q), block.d_model))).to(block.D.dtype)
+    U = R * U / U.norm(dim=1, keepdim=True)
+    rows = torch.arange(len(Q))
+    best, best_p = U.clone(), torch.full((len(Q),), math.inf, dtype=U.dtype)
+    for k in range(steps):
+        U.requires_grad_(True)
+        p = _step_pre(block, U)[rows, torch.from_numpy(Q)]
+        (grad,) = torch.autograd.grad(p.sum(), U)
+        with torch.no_grad():
+            better = p < best_p
+            best[better], best_p[better] = U[better], p[better]
+            U = U - 0.3 * R * (1 - k / steps) * grad / grad.norm(dim=1, keepdim=True).clamp_min(1e-300)
+            U = R * U / U.norm(dim=1, keepdim=True)
+    tokens = best.detach().numpy()
+    return tokens, -step_preactivations(block, tokens)[np.arange(len(Q)), Q]
 
 
 def least_closing_scale(block: Any, direction: Any, channels: Any, closing: float, scales: Any) -> float:

@@ -1904,6 +1904,7 @@ from experiments.gradient_highway import (  # noqa: E402
     carrying_channels,
     closing_scale,
     closing_slopes,
+    closing_witnesses,
     least_closing_scale,
     mamba_block_path,
     mamba_values,
@@ -2046,6 +2047,23 @@ def test_step_preactivations_are_the_blocks_on_a_constant_stretch():
                                rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="token"):
         step_preactivations(block, np.ones(5))
+
+
+def test_closing_witnesses_reach_their_level_on_the_block_at_the_size_asked():
+    # Each witness token has the requested RMS; its level is the block's own step pre-activation on a
+    # constant stretch of it (mamba_values), and it beats every one of 200 random tokens of that size.
+    block = MambaBlock(16, seed=0)
+    Q = np.array([0, 5, 17])
+    tokens, levels = closing_witnesses(block, Q, 2.0, steps=60, seed=1)
+    np.testing.assert_allclose(np.sqrt((tokens ** 2).mean(1)), 2.0, rtol=1e-12)
+    for q, u, level in zip(Q, tokens, levels):
+        pre = mamba_values(block, np.tile(u, (5, 1)))["pre"].detach().numpy()[-1, q]
+        assert level == pytest.approx(-pre, rel=1e-10)
+    rand = np.random.default_rng(2).standard_normal((200, 16))
+    rand *= 2.0 / np.sqrt((rand ** 2).mean(1, keepdims=True))
+    assert (levels > (-step_preactivations(block, rand)[:, Q]).max(0)).all()
+    with pytest.raises(ValueError, match="rms"):
+        closing_witnesses(block, Q, 0.0)
 
 
 def test_least_closing_scale_is_the_first_grid_scale_that_closes_every_channel():
