@@ -23,7 +23,7 @@ from torch.nn.utils import parametrize
 
 from lib import (SSD, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, fit, jacobian_blocks,
                  jacobian_norms, s4d_ssm)
-from lib._validation import as_generator
+from lib._validation import as_generator, check_int
 from lib.jacobians import block_norms
 
 
@@ -1309,7 +1309,8 @@ def prescribed_jacobian(rnn: Any, sets: Any, i: int, j: int, *, saturation: floa
 
 
 def alibi_slopes(heads: int) -> np.ndarray:
-    """ALiBi's slopes 2^{−8h/H}, h = 1..H (Press et al. 2022), steepest first."""
+    """The slopes 2^{−8h/H}, h = 1..H, steepest first: ALiBi's (Press et al. 2022) when H is a power of
+    two; for other H ALiBi interpolates differently (`lib.attention.alibi_slopes`)."""
     return 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
 
 
@@ -1433,7 +1434,8 @@ class BlockPath:
     tau: τ_q = Σ_{t=j'+1}^{i} Δ_t[q] (D_in,) (zero when i <= j + d_conv − 1);
     launch_state: S = ∂h_{j'}/∂x_j (D_in, N, d_model); bound: the bound (2') of the proposition
     (NaN inside the window); core: what the scan core's formula (token launched at j alone, the
-    conv's later taps ignored) would give for J_ij.
+    conv's later taps ignored) would give for J_ij at j < i; at i = j it is set to J_ii itself (formula (1)
+    is stated for j < i only), so comparing it with J_ii checks nothing.
     """
 
     jacobian: np.ndarray
@@ -1528,7 +1530,67 @@ def closing_slopes(block: Any, direction: Any) -> np.ndarray:
         raise ValueError(f"direction must have shape ({block.d_model},); got {tuple(xi.shape)}")
     with torch.no_grad():
         a = block.taps().sum(0) * (block.in_proj.weight[:block.d_inner] @ xi)
-        return (step_projection(block) @ torch.relu(a)).numpy()
+        return (block.dt_proj.weight @ (block.x_proj.weight[:block.dt_rank] @ torch.relu(a))).numpy()  # W_Δ relu(a)
+
+
+def _step_pre(block: Any, u: torch.Tensor) -> torch.Tensor:
+    """p(u) of `step_preactivations` as a differentiable tensor, u (..., d_model) -> (..., D_in)."""
+    x = u @ block.in_proj.weight[:block.d_inner].T
+    if block.in_proj.bias is not None:
+        x = x + block.in_proj.bias[:block.d_inner]
+    c = block.taps().sum(0) * x + (0 if block.conv1d.bias is None else block.conv1d.bias)
+    low = F.silu(c) @ block.x_proj.weight[:block.dt_rank].T                  # W_δ v, rank dt_rank
+    return low @ block.dt_proj.weight.T + block.dt_proj.bias
+
+
+def step_preactivations(block: Any, token: Any) -> np.ndarray:
+    """p_q(u) = W_Δ[q,:] silu(w̄ ⊙ (V u + b_u) + b_c) + b_Δ[q] for a token u (d_model,), or for each of a
+    stack of tokens (..., d_model); shape (..., D_in): the step pre-activation of a MambaBlock at every
+    position whose d_conv taps all see u ({prf:ref}`cor-block-gate-closing` 1); channel q is closed at
+    level μ where p_q(u) <= −μ."""
+    u = torch.as_tensor(np.asarray(token, dtype=float)).to(block.D.dtype)
+    if u.ndim == 0 or u.shape[-1] != block.d_model:
+        raise ValueError(f"token must have shape (..., {block.d_model}); got {tuple(u.shape)}")
+    with torch.no_grad():
+        return _step_pre(block, u).numpy()
+
+
+def closing_witnesses(block: Any, channels: Any, rms: float = 1.0, *, steps: int = 100, seed: Any = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, levels): for each channel q of `channels`, a token u_q of root-mean-square `rms` found by
+    projected gradient descent on p_q(u) over that sphere (normalised steps shrinking to 0, the best
+    iterate kept), and its level −p_q(u_q) (`step_preactivations`, recomputed): a witness that a token of
+    that size closes q at that level, not the least p_q on the sphere. tokens (|Q|, d_model), levels (|Q|,)."""
+    Q = np.asarray(channels, dtype=int)
+    steps, R = check_int(steps, "steps"), float(rms) * math.sqrt(block.d_model)
+    if not R > 0:
+        raise ValueError(f"rms must be > 0; got {rms}")
+    U = torch.from_numpy(as_generator(seed).standard_normal((len(Q), block.d_model))).to(block.D.dtype)
+    U = R * U / U.norm(dim=1, keepdim=True)
+    rows = torch.arange(len(Q))
+    best, best_p = U.clone(), torch.full((len(Q),), math.inf, dtype=U.dtype)
+    for k in range(steps):
+        U.requires_grad_(True)
+        p = _step_pre(block, U)[rows, torch.from_numpy(Q)]
+        (grad,) = torch.autograd.grad(p.sum(), U)
+        with torch.no_grad():
+            better = p < best_p
+            best[better], best_p[better] = U[better], p[better]
+            U = U - 0.3 * R * (1 - k / steps) * grad / grad.norm(dim=1, keepdim=True).clamp_min(1e-300)
+            U = R * U / U.norm(dim=1, keepdim=True)
+    tokens = best.detach().numpy()
+    return tokens, -step_preactivations(block, tokens)[np.arange(len(Q)), Q]
+
+
+def least_closing_scale(block: Any, direction: Any, channels: Any, closing: float, scales: Any) -> float:
+    """The first χ of the increasing grid `scales` at which the token χξ closes every channel of
+    `channels` at level μ = `closing` (every p_q(χξ) <= −μ, `step_preactivations`); inf if none does.
+    A grid reading, not a minimum over χ (p_q(χξ) need not be monotone in χ)."""
+    Q = np.asarray(channels, dtype=int)
+    grid = np.asarray(scales, dtype=float)
+    pre = step_preactivations(block, grid[:, None] * np.asarray(direction, dtype=float)[None, :])
+    closes = (pre[:, Q] <= -closing).all(1)
+    return float(grid[np.argmax(closes)]) if closes.any() else math.inf
 
 
 def closing_scale(block: Any, direction: Any, channels: Any, closing: float) -> float:
@@ -1640,7 +1702,8 @@ def block_closing_check(block: Any, n: int, j: int, direction: Any, *, closing: 
 
 def alibi_attention(d: int, heads: int, n_max: int, *, d_k: int | None = None, seed: Any = 0) -> SoftmaxAttention:
     """Causal softmax attention with Gaussian projections (`SoftmaxAttention.random`) and ALiBi's
-    position scores b_h[ℓ] = −m_h ℓ, m_h = 2^{−8h/H} (h = 1..H), shape (H, n_max)."""
+    position scores b_h[ℓ] = −m_h ℓ, m_h = 2^{−8h/H} (h = 1..H; ALiBi's slopes for H a power of two),
+    shape (H, n_max)."""
     base = SoftmaxAttention.random(d, d, heads, d_k=d_k, seed=seed)
     bias = -alibi_slopes(heads)[:, None] * np.arange(n_max)[None, :]
     return SoftmaxAttention(base.W_Q.detach(), base.W_K.detach(), base.W_V.detach(), base.W_O.detach(),
@@ -1653,12 +1716,15 @@ class AlibiCheck:
 
     weight_ratio: max over heads, queries i and keys j < i of α^h_ij / e^{−m_h(i−j) + ω^h_i};
     sharp_ratio: the same against e^{−m_h(i−j) + s^h_ij − s^h_ii}; jacobian_ratio: max over j < i of
-    ‖J_ij‖₂ / (its bound) at the query `i`; attention: the largest α^h_ij beyond lag 0.
+    ‖J_ij‖₂ / (its bound) at the query `i`; identity_error: max over heads, i and j < i of
+    |α^h_ij / (α^h_ii e^{−m_h(i−j) + s^h_ij − s^h_ii}) − 1|, part 1's identity checked two-sided (the
+    ratios are one-sided: slopes steeper than `slopes` keep them <= 1, but not this error near 0).
     """
 
     weight_ratio: float
     sharp_ratio: float
     jacobian_ratio: float
+    identity_error: float
 
 
 def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None = None) -> AlibiCheck:
@@ -1687,6 +1753,8 @@ def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None 
         sharp = torch.exp(-m[:, None, None] * lag + s - torch.diagonal(s, dim1=1, dim2=2)[:, :, None])
         weight_ratio = float((alpha / env)[:, past].max())
         sharp_ratio = float((alpha / sharp)[:, past].max())
+        newest = torch.diagonal(alpha, dim1=1, dim2=2)[:, :, None]              # α^h_ii
+        identity_error = float((alpha / (newest * sharp) - 1).abs()[:, past].max())
         V = attention.values()
         g = torch.einsum("hkd,hk->hd", attention.W_K, Q[:, i]) / math.sqrt(attention.d_k)
         spread = torch.cdist(X[: i + 1], X[: i + 1]).max(1).values           # max_t ‖x_j − x_t‖, t <= i
@@ -1694,7 +1762,7 @@ def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None 
         bound = (sharp[:, i, : i + 1].clamp(max=1) * (Vn[:, None] * (1 + torch.linalg.vector_norm(g, dim=1)[:, None] * spread))).sum(0)
     J = jacobian_blocks(attention, X.numpy(), i)                              # (i + 1, p, d)
     Jn = np.linalg.norm(J, ord=2, axis=(1, 2))
-    return AlibiCheck(weight_ratio, sharp_ratio, float((Jn[:i] / bound.numpy()[:i]).max()))
+    return AlibiCheck(weight_ratio, sharp_ratio, float((Jn[:i] / bound.numpy()[:i]).max()), identity_error)
 
 
 def planted_alibi_input(attention: SoftmaxAttention, n: int, lag: int, *, head: int = 0, radius: float | None = None,
@@ -1792,14 +1860,16 @@ def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int 
 def block_window_rows(block: Any, X: Any, outputs: Any) -> list[dict[str, Any]]:
     """For each output i in `outputs` and j <= i: D = i − j and, relative to ‖J_ij‖_F (autograd,
     `jacobian_blocks`), the error of `mamba_block_path`'s closed form, of the scan core's formula
-    (`BlockPath.core`), and ‖J_ij‖_F / the bound (2′) (NaN inside the window)."""
+    (`BlockPath.core`; NaN at D = 0, where formula (1) is not stated and `core` is J_ii by construction),
+    and ‖J_ij‖_F / the bound (2′) (NaN inside the window)."""
     rows = []
     for i in outputs:
         J = jacobian_blocks(block, X, i)
         for j in range(i + 1):
             path, ref = mamba_block_path(block, X, i, j), np.linalg.norm(J[j])
             rows.append({"D": i - j, "error": np.linalg.norm(path.jacobian - J[j]) / ref,
-                         "core": np.linalg.norm(path.core - J[j]) / ref, "ratio": ref / path.bound})
+                         "core": np.linalg.norm(path.core - J[j]) / ref if j < i else math.nan,
+                         "ratio": ref / path.bound})
     return rows
 
 
@@ -1822,7 +1892,7 @@ def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 
 
 
 ALIBI_COLUMNS = {"weight_ratio": "α / e^{−mℓ+ω}", "sharp_ratio": "α / e^{−mℓ+s_ij−s_ii}",
-                 "jacobian_ratio": "‖J‖ / bound 2"}
+                 "jacobian_ratio": "‖J‖ / bound 2", "identity_error": "|α / (α_ii e^{−mℓ+s_ij−s_ii}) − 1|"}
 
 
 def alibi_battery(attention: SoftmaxAttention, slopes: Any, n: int, rng: np.random.Generator, *,

@@ -1904,10 +1904,13 @@ from experiments.gradient_highway import (  # noqa: E402
     carrying_channels,
     closing_scale,
     closing_slopes,
+    closing_witnesses,
+    least_closing_scale,
     mamba_block_path,
     mamba_values,
     planted_alibi_input,
     probe_profile,
+    step_preactivations,
 )
 from lib import MambaBlock  # noqa: E402
 
@@ -2014,6 +2017,69 @@ def test_prop_alibi_attenuation_check_fails_with_a_wrong_sign_or_slope():
     assert alibi_check(att, planted, 1.01 * m).sharp_ratio > 1
 
 
+@pytest.mark.parametrize("factor", [2.0, 1.01, 0.99, 0.5])
+def test_prop_alibi_attenuation_identity_is_checked_two_sided(factor):
+    # Part 1 is an identity: a layer whose slopes are factor·m fails it against m in either direction,
+    # while the one-sided bound ratios pass whenever the layer's slopes are steeper (factor > 1).
+    att = alibi_attention(8, 4, 20, seed=0)
+    m = alibi_slopes(4)
+    X = np.random.default_rng(1).standard_normal((20, 8))
+    assert alibi_check(att, X, m).identity_error < 1e-12
+    other = SoftmaxAttention(att.W_Q.detach(), att.W_K.detach(), att.W_V.detach(), att.W_O.detach(),
+                             position_bias=-factor * m[:, None] * np.arange(20)[None, :])
+    found = alibi_check(other, X, m)
+    assert found.identity_error > 1e-3
+    if factor > 1:
+        assert max(found.weight_ratio, found.sharp_ratio) <= 1
+
+
+def test_step_preactivations_are_the_blocks_on_a_constant_stretch():
+    # p_q(u) in closed form against the block's own step pre-activations where all K taps see u.
+    for kw in ({}, {"bias": True}, {"conv_bias": False}):
+        block = _small_block(seed=2, **kw)
+        u = np.random.default_rng(2).standard_normal(4) * 5
+        X = np.vstack([np.random.default_rng(3).standard_normal((3, 4)), np.tile(u, (6, 1))])
+        pre = mamba_values(block, X)["pre"].detach().numpy()
+        np.testing.assert_allclose(step_preactivations(block, u), pre[-1], rtol=1e-12, atol=1e-12)
+        assert not np.allclose(step_preactivations(block, u), pre[4], rtol=1e-6)   # taps still see X[2]
+    tokens = np.random.default_rng(4).standard_normal((2, 3, 4))
+    np.testing.assert_allclose(step_preactivations(block, tokens)[1, 2], step_preactivations(block, tokens[1, 2]),
+                               rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="token"):
+        step_preactivations(block, np.ones(5))
+
+
+def test_closing_witnesses_reach_their_level_on_the_block_at_the_size_asked():
+    # Each witness token has the requested RMS; its level is the block's own step pre-activation on a
+    # constant stretch of it (mamba_values), and it beats every one of 200 random tokens of that size.
+    block = MambaBlock(16, seed=0)
+    Q = np.array([0, 5, 17])
+    tokens, levels = closing_witnesses(block, Q, 2.0, steps=60, seed=1)
+    np.testing.assert_allclose(np.sqrt((tokens ** 2).mean(1)), 2.0, rtol=1e-12)
+    for q, u, level in zip(Q, tokens, levels):
+        pre = mamba_values(block, np.tile(u, (5, 1)))["pre"].detach().numpy()[-1, q]
+        assert level == pytest.approx(-pre, rel=1e-10)
+    rand = np.random.default_rng(2).standard_normal((200, 16))
+    rand *= 2.0 / np.sqrt((rand ** 2).mean(1, keepdims=True))
+    assert (levels > (-step_preactivations(block, rand)[:, Q]).max(0)).all()
+    with pytest.raises(ValueError, match="rms"):
+        closing_witnesses(block, Q, 0.0)
+
+
+def test_least_closing_scale_is_the_first_grid_scale_that_closes_every_channel():
+    block = MambaBlock(16, seed=0)
+    xi = np.random.default_rng(0).standard_normal(16)
+    xi /= np.linalg.norm(xi)
+    Q = np.flatnonzero(closing_slopes(block, xi) < 0)
+    scales = np.geomspace(1, 1e7, 71)
+    chi = least_closing_scale(block, xi, Q, 5.0, scales)
+    assert (step_preactivations(block, chi * xi)[Q] <= -5).all()
+    k = int(np.flatnonzero(scales == chi)[0])
+    assert all((step_preactivations(block, c * xi)[Q] > -5).any() for c in scales[:k])
+    assert chi <= closing_scale(block, xi, Q, 5.0) * 10 ** 0.1 + 1e-9   # the proof's χ suffices
+    assert least_closing_scale(block, xi, Q, 5.0, scales[:k]) == math.inf
+
+
 def test_probe_profile_estimates_the_frobenius_norms():
     block = _small_block(seed=0)
     X = np.random.default_rng(0).standard_normal((16, 4))
@@ -2052,6 +2118,7 @@ def test_block_helpers_read_what_they_say():
     rows = block_window_rows(block, X, (8,))
     assert [r["D"] for r in rows] == list(range(8, -1, -1)) and max(r["error"] for r in rows) < 1e-10
     assert all(np.isnan(r["ratio"]) == (r["D"] < 4) for r in rows)
+    assert all(np.isnan(r["core"]) == (r["D"] == 0) for r in rows)   # formula (1) is for j < i only
     m2 = mamba2_window_rows(Mamba2Block(8, d_state=4, headdim=4, seed=0), np.random.default_rng(1).standard_normal((8, 8)))
     assert sorted({r["D"] for r in m2}) == [4, 5, 6, 7] and {r["K"] for r in m2} == {3, 4}
     g, row = block_reach_row(block, X, probes=2000, eps=1e-3)
