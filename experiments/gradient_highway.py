@@ -25,6 +25,7 @@ from lib import (SSD, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention
                  jacobian_norms, s4d_ssm)
 from lib._validation import as_generator, check_int
 from lib.jacobians import block_norms
+from lib.attention import alibi_slopes as lib_alibi_slopes
 
 
 def _array(value: Any) -> np.ndarray:
@@ -1309,9 +1310,9 @@ def prescribed_jacobian(rnn: Any, sets: Any, i: int, j: int, *, saturation: floa
 
 
 def alibi_slopes(heads: int) -> np.ndarray:
-    """The slopes 2^{−8h/H}, h = 1..H, steepest first: ALiBi's (Press et al. 2022) when H is a power of
-    two; for other H ALiBi interpolates differently (`lib.attention.alibi_slopes`)."""
-    return 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    """ALiBi's slopes (Press et al. 2022), steepest first, as numpy: `lib.attention.alibi_slopes`
+    (2^{−8h/H}, h = 1..H, when H is a power of two; the published interleaving otherwise)."""
+    return lib_alibi_slopes(heads).numpy()
 
 
 def alibi_reach(two_S: float, slope: float) -> float:
