@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,11 +22,21 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
-from lib import (SSD, LinearAttention, LinearSSM, SelectiveSSM, SoftmaxAttention, Stack, fit, jacobian_blocks,
-                 jacobian_norms, s4d_ssm)
+from lib import (
+    SSD,
+    LinearAttention,
+    LinearSSM,
+    SelectiveSSM,
+    SoftmaxAttention,
+    Stack,
+    fit,
+    jacobian_blocks,
+    jacobian_norms,
+    s4d_ssm,
+)
 from lib._validation import as_generator, check_int
-from lib.jacobians import block_norms
 from lib.attention import alibi_slopes as lib_alibi_slopes
+from lib.jacobians import block_norms
 
 
 def _array(value: Any) -> np.ndarray:
@@ -744,7 +755,7 @@ def signal_sweep(distances: tuple[int, ...] = (2, 8, 32, 128), kinds: tuple[str,
 # seeds, the step range and the spectral radius. A profile g(D) = ‖J_{n−1, n−1−D}‖_F is read
 # against its first lag g(1), so that growth is not counted as reach, and beside its absolute level.
 
-from lib import DiagonalSSM, ElmanRNN, SharedStateSSM  # noqa: E402  (this section's own imports)
+from lib import DiagonalSSM, ElmanRNN, SharedStateSSM
 
 STANDARD_STEPS = (1e-3, 1e-1)  # Δ at initialisation: Mamba's and Mamba-2's (dt_min, dt_max), S4D's and S5's
 
@@ -1050,7 +1061,7 @@ def standard_score_bounds(d: int, *, head_width: int = 64, seed: Any = 0) -> np.
     return np.array(values)
 
 
-from lib import SequenceMap, batched  # noqa: E402 (kept with the functions below that need them)
+from lib import SequenceMap, batched
 
 _SLOPE_BOUNDS = {"identity": 1.0, "tanh": 1.0, "silu": 1.1}  # sup |φ'|; SiLU's is 1.0998…
 
