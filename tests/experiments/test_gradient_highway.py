@@ -1987,6 +1987,26 @@ def test_cor_block_gate_closing_scale_is_needed_and_sufficient_on_a_constant_str
         closing_scale(block, xi, np.flatnonzero(sigma >= 0), 12.0)
 
 
+def test_cor_block_gate_closing_threshold_is_clamped_at_zero_where_the_unclamped_one_is_negative():
+    # Mamba's init (b_Delta in [-6.9, -2.3]) and a small level: mu + slack_q < 0, so the unclamped
+    # threshold is negative; chi >= 0 closes (part 1 with max(0, .)), the negative chi need not.
+    from experiments.gradient_highway import SILU_GAP, step_projection
+    block, mu = MambaBlock(16, seed=0), 0.01
+    xi = np.random.default_rng(2).standard_normal(16)
+    xi /= np.linalg.norm(xi)
+    sigma = closing_slopes(block, xi)
+    with torch.no_grad():
+        bbar = block.conv1d.bias.abs().max()
+        slack = (step_projection(block).abs().sum(1) * (bbar + SILU_GAP) + block.dt_proj.bias).numpy()
+    raw = (mu + slack) / -sigma
+    Q = np.flatnonzero((sigma < 0) & (raw < 0))
+    assert len(Q) > 0
+    assert closing_scale(block, xi, Q, mu) == 0.0
+    for c in (0.0, 1.0, 10.0):
+        assert (step_preactivations(block, c * xi)[Q] <= -mu).all()
+    assert any(step_preactivations(block, raw[q] * xi)[q] > -mu for q in Q)   # unclamped fails
+
+
 def test_cor_block_gate_closing_output_gate_decides_which_channels_carry():
     block = _small_block(seed=1)
     xi = np.random.default_rng(5).standard_normal(4)
