@@ -2015,6 +2015,26 @@ def test_cor_block_gate_closing_output_gate_decides_which_channels_carry():
     assert (zrow[Q] > 0).all() and (closing_slopes(block, xi)[Q] < 0).all()
 
 
+def test_cor_block_gate_closing_part_3_rows_vanish_where_the_output_gate_closes_by_autograd():
+    # part 3 measured, not read off carrying_channels' own filter: doubling chi, the autograd rows of
+    # the step-closed channels outside carrying_channels vanish (~ chi e^{-chi|W_z xi|}), the others do not
+    from experiments.gradient_highway import block_closing_input
+    block = _small_block(seed=1)
+    xi = np.random.default_rng(5).standard_normal(4)
+    Q = np.flatnonzero(closing_slopes(block, xi) < 0)
+    carry = np.isin(Q, carrying_channels(block, xi))
+    assert carry.any() and (~carry).any()
+    chi0 = closing_scale(block, xi, Q, 15.0)
+
+    def norms(chi, j=2):
+        Xt = torch.from_numpy(block_closing_input(block, 20, j, xi, chi, seed=0)).requires_grad_(True)
+        r = mamba_values(block, Xt)["r"][-1]
+        return np.array([np.linalg.norm(torch.autograd.grad(r[q], Xt, retain_graph=True)[0][j]) for q in Q])
+
+    growth = norms(2 * chi0) / norms(chi0)
+    assert (growth[~carry] < 1e-3).all() and (growth[carry] > 1).all()
+
+
 def test_prop_alibi_attenuation_bounds_hold_and_the_sharp_one_is_attained():
     att = alibi_attention(8, 4, 20, seed=0)
     m = alibi_slopes(4)
