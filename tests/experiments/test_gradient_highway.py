@@ -1987,12 +1987,52 @@ def test_cor_block_gate_closing_scale_is_needed_and_sufficient_on_a_constant_str
         closing_scale(block, xi, np.flatnonzero(sigma >= 0), 12.0)
 
 
+def test_cor_block_gate_closing_threshold_is_clamped_at_zero_where_the_unclamped_one_is_negative():
+    # Mamba's init (b_Delta in [-6.9, -2.3]) and a small level: mu + slack_q < 0, so the unclamped
+    # threshold is negative; chi >= 0 closes (part 1 with max(0, .)), the negative chi need not.
+    from experiments.gradient_highway import SILU_GAP, step_projection
+    block, mu = MambaBlock(16, seed=0), 0.01
+    xi = np.random.default_rng(2).standard_normal(16)
+    xi /= np.linalg.norm(xi)
+    sigma = closing_slopes(block, xi)
+    with torch.no_grad():
+        bbar = block.conv1d.bias.abs().max()
+        slack = (step_projection(block).abs().sum(1) * (bbar + SILU_GAP) + block.dt_proj.bias).numpy()
+    raw = (mu + slack) / -sigma
+    Q = np.flatnonzero((sigma < 0) & (raw < 0))
+    assert len(Q) > 0
+    assert closing_scale(block, xi, Q, mu) == 0.0
+    for c in (0.0, 1.0, 10.0):
+        assert (step_preactivations(block, c * xi)[Q] <= -mu).all()
+    assert any(step_preactivations(block, raw[q] * xi)[q] > -mu for q in Q)   # unclamped fails
+
+
 def test_cor_block_gate_closing_output_gate_decides_which_channels_carry():
     block = _small_block(seed=1)
     xi = np.random.default_rng(5).standard_normal(4)
     zrow = block.in_proj.weight[block.d_inner:].detach().numpy() @ xi
     Q = carrying_channels(block, xi)
     assert (zrow[Q] > 0).all() and (closing_slopes(block, xi)[Q] < 0).all()
+
+
+def test_cor_block_gate_closing_part_3_rows_vanish_where_the_output_gate_closes_by_autograd():
+    # part 3 measured, not read off carrying_channels' own filter: doubling chi, the autograd rows of
+    # the step-closed channels outside carrying_channels vanish (~ chi e^{-chi|W_z xi|}), the others do not
+    from experiments.gradient_highway import block_closing_input
+    block = _small_block(seed=1)
+    xi = np.random.default_rng(5).standard_normal(4)
+    Q = np.flatnonzero(closing_slopes(block, xi) < 0)
+    carry = np.isin(Q, carrying_channels(block, xi))
+    assert carry.any() and (~carry).any()
+    chi0 = closing_scale(block, xi, Q, 15.0)
+
+    def norms(chi, j=2):
+        Xt = torch.from_numpy(block_closing_input(block, 20, j, xi, chi, seed=0)).requires_grad_(True)
+        r = mamba_values(block, Xt)["r"][-1]
+        return np.array([np.linalg.norm(torch.autograd.grad(r[q], Xt, retain_graph=True)[0][j]) for q in Q])
+
+    growth = norms(2 * chi0) / norms(chi0)
+    assert (growth[~carry] < 1e-3).all() and (growth[carry] > 1).all()
 
 
 def test_prop_alibi_attenuation_bounds_hold_and_the_sharp_one_is_attained():
