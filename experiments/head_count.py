@@ -20,6 +20,7 @@ from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batche
                  fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
                  rank_limited_heads, rank_limited_values, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
+from lib.heads import _modal_values, _outer_basis, _split  # part 2's constructions, one by one
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
@@ -163,15 +164,53 @@ def built_values_residual(ssm: Any, n: int, r: int) -> float:
     lag entry; inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding when
     the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
     """
-    V = rank_limited_values(ssm, r, n)
+    return _lags_residual(ssm, n, rank_limited_values(ssm, r, n), r)
+
+
+def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
+    # numpy least squares of every lag ℓ < n on the maps V (H, p, d), the largest residual entry
+    # relative to the largest lag entry; inf if a map has rank above r (1e-10 relative)
     lags = ssm.lags(n).detach().to(torch.float64).numpy().reshape(n, -1)
     if not np.abs(lags).max() > 0:
         return 0.0
     if any(np.linalg.matrix_rank(v, tol=1e-10 * np.abs(v).max()) > r for v in V):
         return math.inf
     flat = V.reshape(len(V), -1)
+    if len(flat) == 0:
+        return 1.0
     coef = np.linalg.lstsq(flat.T, lags.T, rcond=None)[0]
     return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
+
+
+def construction_misses(ssm: Any, n: int, r: int) -> dict:
+    """Each upper-bound construction of {prf:ref}`thm-rank-limited-heads` part 2, checked on its own.
+
+    Unlike `lib.rank_limited_values` (which keeps the smallest construction that holds the lags),
+    nothing is filtered: for the SVD split of an orthonormal basis Q_1 … Q_k of the lag span (it
+    must give Σ_b ⌈rank Q_b / r⌉ maps), the c·q maps u_a w_bᵀ (k_col · k_row maps) and, for a
+    LinearSSM with diagonalisable A, the modal maps (N_ℝ + 3N_ℂ at r = 1, N at r >= 2; N_ℂ the
+    number of complex pairs), the entry is (maps built, maps the proof counts, residual of the lags
+    ℓ < n on their span by numpy least squares, relative; inf if a map has rank above r).
+    "misses": constructions with a wrong count or a residual above 1e-8.
+    """
+    Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
+    out: dict = {}
+    if len(Q):
+        ranks = [int(np.linalg.matrix_rank(q, tol=1e-10 * np.abs(q).max())) for q in Q]
+        k_col = int(np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)))
+        k_row = int(np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)))
+        for name, V, count in [("split", _split(Q, r, 1e-10), sum(-(-m // r) for m in ranks)),
+                               ("outer", _outer_basis(Q, 1e-10), k_col * k_row)]:
+            out[name] = (len(V), count, _lags_residual(ssm, n, V, r))
+    if isinstance(ssm, LinearSSM):
+        V = _modal_values(ssm, r)
+        if V is not None:
+            lam = np.linalg.eigvals(ssm.A.detach().to(torch.float64).numpy())
+            pairs = int((np.abs(lam.imag) > 1e-12 * np.abs(lam).max()).sum()) // 2
+            N = len(lam)
+            out["modal"] = (len(V), N + pairs if r == 1 else N, _lags_residual(ssm, n, V, r))
+    out["misses"] = sum(int(built != count or not residual <= 1e-8) for built, count, residual in out.values())
+    return out
 
 
 def residual_lag_span(ssm: Any, n: int) -> RelativeHeads:
@@ -191,8 +230,9 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     k_col = dim col, k_row = dim row, lower, upper, `built` (`built_values_residual`: the upper
     bound's value maps, built), the floor of part 5 and fit at H = lower − 1 (None if lower = 0),
     fit at upper (a measurement: an optimiser can stop above 0 at a correct bound), and
-    `failures`: bounds that cross, upper bound's maps that miss the lags (residual > 1e-8), the
-    optimiser below the floor at lower − 1, or a floor whose positivity disagrees with part 5.
+    `constructions` (`construction_misses`: part 2's constructions, each on its own, with a wrong
+    count or missing a lag), `failures`: bounds that cross, upper bound's maps that miss the lags
+    (residual > 1e-8), construction misses, or the optimiser below the floor at lower − 1.
     `heads`: more H at which to record fit(H) (as "e at H").
     """
     k = min_heads(ssm, n)
@@ -203,13 +243,12 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper,
                built=built_values_residual(ssm, n, r), floor=None, below=None,
                at_upper=fit(upper) if upper else 0.0)
-    failures = int(lower > upper) + int(not row["built"] <= 1e-8)
+    row["constructions"] = construction_misses(ssm, n, r)["misses"]
+    failures = int(lower > upper) + int(not row["built"] <= 1e-8) + row["constructions"]
     if lower >= 1:
         row["floor"] = rank_limited_error_floor(ssm, n, lower - 1, r)
         row["below"] = fit(lower - 1)
         failures += int(row["below"] < row["floor"] * (1 - 1e-9))
-        positive = lower - 1 < max(k, -(-k_col // r), -(-k_row // r))
-        failures += int((row["floor"] > 1e-12) != positive)
     row.update({f"e at {H}": fit(H) for H in heads})
     row["failures"] = failures
     return row

@@ -1162,6 +1162,42 @@ def test_thm_rank_limited_heads_survey_counts_built_maps_that_miss_a_lag(monkeyp
     assert broken["built"] > 0.1 and broken["failures"] == 1
 
 
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_thm_rank_limited_heads_each_construction_on_its_own(r):
+    # part 2's constructions, unfiltered: the modal one gives N_ℝ + 3N_ℂ maps at r = 1 and N at
+    # r >= 2, the SVD split Σ⌈rank Q_b / r⌉, the c·q one k_col·k_row; each holds every lag
+    from experiments.head_count import construction_misses
+    ssm = LinearSSM.random(5, 3, 3, seed=4)  # one complex pair at least (checked)
+    lam = np.linalg.eigvals(ssm.A.detach().numpy().astype(float))
+    pairs = int((np.abs(lam.imag) > 1e-9).sum()) // 2
+    assert pairs >= 1
+    out = construction_misses(ssm, 12, r)
+    assert out["modal"][:2] == ((5 + pairs,) * 2 if r == 1 else (5, 5))
+    assert set(out) == {"split", "outer", "modal", "misses"} and out["misses"] == 0
+    assert all(residual < 1e-10 for _, _, residual in (out["split"], out["outer"], out["modal"]))
+
+
+@pytest.mark.parametrize("which", ["_modal_values", "_split", "_outer_basis"])
+def test_thm_rank_limited_heads_a_broken_construction_is_a_failure(monkeypatch, which):
+    # the referee's probe: one map off by 1e-3 (modal, split) or one map dropped (c·q, a
+    # spanning set that would otherwise still hold the lags): the survey counts it, where the
+    # smallest-survivor rule of rank_limited_values would hide it
+    import experiments.head_count as hc
+    original = getattr(hc, which)
+
+    def broken(*args):
+        V = original(*args).copy()
+        if which == "_outer_basis":
+            return V[1:]
+        V[-1] = V[-1] + 1e-3 * np.outer(np.arange(V.shape[1]) == 0, np.arange(V.shape[2]))
+        return V
+    monkeypatch.setattr(hc, which, broken)
+    ssm = LinearSSM.random(3, 4, 4, seed=1)
+    assert hc.construction_misses(ssm, 32, 1)["misses"] == 1
+    row = hc.rank_limited_survey(ssm, 32, 1, [], lambda H: 1.0 if H < 4 else 0.0)
+    assert row["constructions"] == 1 and row["failures"] >= 1
+
+
 def test_residual_lag_span_shifts_lag_zero_only():
     from experiments.head_count import residual_lag_span
     ssm = LinearSSM.random(3, 2, 2, seed=1)
