@@ -73,6 +73,16 @@ def spans_by_lag(block: Any, X: torch.Tensor, lags: tuple[int, ...] = (0,),
     return spans, share
 
 
+def without_skip(block: Any) -> Any:
+    """A copy of a block with its skip D_skip (Mamba) or D_h (Mamba-2) set to zero."""
+    import copy
+
+    copied = copy.deepcopy(block)
+    with torch.no_grad():
+        copied.D.zero_()
+    return copied
+
+
 def factored_identity_error(block: Any, X: torch.Tensor) -> float:
     """Relative error of Σ_j U diag(g_ij) V x_j + β_i against block(X), X (n, d), without forming
     the n² blocks of size d × d (the identity of {prf:ref}`prop-mamba-block` at any width)."""
@@ -127,12 +137,19 @@ def block_from_mixer(mixer: torch.nn.Module, dtype: torch.dtype = torch.float64)
     return block
 
 
-def load_checkpoint(name: str, layer: int, text_ids: Any = None):
+def random_ids(model: torch.nn.Module, n: int, seed: Any = 0) -> torch.Tensor:
+    """n token ids (1, n) drawn uniformly from the model's vocabulary (its config.vocab_size)."""
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, n)))
+
+
+def load_checkpoint(name: str, layer: int, text_ids: Any = None, *, n: int = 64, seed: Any = 0):
     """(block, X): layer `layer`'s mixer of a `transformers` Mamba or Mamba-2 checkpoint (a hub
     name such as "state-spaces/mamba-130m-hf", which needs a network, or a local directory) as a
-    lib block, and the inputs its mixer sees on the token ids `text_ids` (b, n)."""
+    lib block, and the inputs its mixer sees on the token ids `text_ids` (b, n) — by default n
+    ids drawn from the checkpoint's own vocabulary (`random_ids`)."""
     model = _transformers().AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
-    return block_and_inputs(model, layer, text_ids)
+    return block_and_inputs(model, layer, random_ids(model, n, seed) if text_ids is None else text_ids)
 
 
 def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any) -> tuple[Any, torch.Tensor]:

@@ -113,6 +113,8 @@ def test_the_recipe_reads_a_saved_checkpoint(tmp_path):
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
     block, X = load_checkpoint(str(tmp_path), 1, ids)
     assert isinstance(block, MambaBlock) and X.shape == (2, 9, 16) and X.dtype == torch.float64
+    _, X_drawn = load_checkpoint(str(tmp_path), 0, n=7, seed=1)  # ids from the model's vocabulary (50)
+    assert X_drawn.shape == (1, 7, 16)
     # X is what layer 1's mixer receives: its pre-norm of layer 0's output (the residual stream)
     layers = model.backbone.layers
     with torch.no_grad():
@@ -152,3 +154,15 @@ def test_spans_by_lag_against_channel_span_and_the_dense_operator():
     near = sum(float(energy[i, j]) for i in range(7) for j in range(7) if 0 <= i - j < 3)
     total = sum(float(energy[i, j]) for i in range(7) for j in range(i + 1))
     assert abs(share - near / total) < 1e-12
+
+
+def test_without_skip_zeroes_the_skip_only():
+    from experiments.blocks import without_skip
+    for block in (MambaBlock(8, d_state=4, seed=1), Mamba2Block(8, d_state=4, headdim=4, seed=1)):
+        bare = without_skip(block)
+        assert torch.count_nonzero(bare.D) == 0 and torch.count_nonzero(block.D) > 0
+        X = torch.from_numpy(np.random.default_rng(7).standard_normal((5, 8)))
+        with torch.no_grad():
+            assert not torch.allclose(bare(X), block(X))
+        for (name, a), (_, b) in zip(bare.named_parameters(), block.named_parameters()):
+            assert name == "D" or torch.equal(a, b)
