@@ -789,6 +789,9 @@ def block_rows(blocks: dict, families: dict[str, np.ndarray], checked: int = 3) 
 def transformers_rows(blocks: dict, batch: int, n: int, seed: int) -> list[dict]:
     """Each block against transformers' MambaMixer / Mamba2Mixer (torch path, offline, random config,
     the block's state dict loaded strictly): the relative error of the outputs on one batch."""
+    from experiments.blocks import _transformers
+
+    _transformers()  # quiet: no tqdm notice, no notice that the CUDA kernels are missing
     from transformers import Mamba2Config, MambaConfig
     from transformers.models.mamba.modeling_mamba import MambaMixer
     from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
