@@ -10,9 +10,9 @@
 * The SSD route `lib.scan.ssd_chunked` (what `Mamba2Block` calls beyond L = 64) against
   `ssd_minimal_discrete`, the reference chunked SSD of mamba_ssm (`modules/ssd_minimal.py`,
   the Mamba-2 paper's Listing 1; a reference listing, not a kernel anyone runs in production),
-  written out below without einops, one C·B per group as there; both with chunks of 64,
-  float32, 8 heads of width 64, one group, N = 128. L ∈ {512, 2048, 8192}. Target: ratio ≥ 1
-  at L ≥ 2048.
+  written out below without einops, one C·B per group as there; both with the same chunk
+  size (64, the listing's; and 256, Mamba2Block's default, at L = 2048), float32, 8 heads of
+  width 64, one group, N = 128. L ∈ {512, 2048, 8192}. Target: ratio ≥ 1 at L ≥ 2048.
 
 Every row is checked first: outputs equal to max |Δ| / max |reference| ≤ 1e-4 (float32), or the
 script exits 1. Method: benchmarks/harness.py (one thread, interleaved pairs after a warm-up,
@@ -101,11 +101,12 @@ def mamba_rows(lengths, pairs):
     return rows
 
 
-def ssd_rows(lengths, pairs, quick):
+def ssd_rows(sizes, pairs, quick):
+    """sizes: (L, chunk) pairs; 64 is the reference listing's chunk, 256 Mamba2Block's default."""
     g = torch.Generator().manual_seed(0)
-    b, h, p, n, chunk = 1, 8, 64, 128, 64
+    b, h, p, n = 1, 8, 64, 128
     rows = []
-    for L in lengths:
+    for L, chunk in sizes:
         x = torch.randn(b, L, h, p, generator=g)
         delta = torch.nn.functional.softplus(torch.randn(b, L, h, generator=g) - 4)
         A = -torch.exp(torch.rand(h, generator=g))
@@ -118,7 +119,7 @@ def ssd_rows(lengths, pairs, quick):
         if not diff <= TOLERANCE:
             sys.exit(f"ssd_chunked disagrees with ssd_minimal_discrete at L = {L}: {diff:.2e}")
         targets = [Target("ratio", ">=", 1.0, "≥ 1×")] if L >= (256 if quick else 2048) else []
-        rows.append(row(CAPABILITY, "ssd", L, model="SSD, 8 heads × 64, N 128, chunks of 64, float32",
+        rows.append(row(CAPABILITY, "ssd", L, model=f"SSD, 8 heads × 64, N 128, chunks of {chunk}, float32",
                         ours="lib.scan.ssd_chunked", baseline="ssd_minimal_discrete (mamba_ssm)",
                         ours_times=times["ours"], baseline_times=times["minimal"], max_rel_diff=diff,
                         targets=targets))
@@ -129,7 +130,8 @@ def main() -> int:
     args = harness.parser(__doc__.splitlines()[0]).parse_args()
     begin(CAPABILITY, "Benchmark 5: the blocks vs transformers and mamba_ssm's reference SSD", args)
     rows = mamba_rows((64, 256) if args.quick else (256, 1024, 4096), args.pairs)
-    rows += ssd_rows((128, 256) if args.quick else (512, 2048, 8192), args.pairs, args.quick)
+    sizes = [(128, 64), (256, 64)] if args.quick else [(512, 64), (2048, 64), (8192, 64), (2048, 256)]
+    rows += ssd_rows(sizes, args.pairs, args.quick)
     return finish(rows, CAPABILITY, args)
 
 
