@@ -324,8 +324,10 @@ def _modal_values(ssm: LinearSSM, r: int) -> np.ndarray | None:
 def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
     # The tight case, thm-rank-limited-heads part 4: m = the rank of a generic M in the span, and
     # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
-    # of dimension r in one basis (a non-real eigenvalue, non-commuting, not diagonalisable, or an
-    # eigenspace of a dimension not a multiple of r, with the eigenvalues 1e-3 apart). Returns
+    # of dimension r in one basis (a non-real eigenvalue, non-commuting, or an eigenspace of a
+    # dimension not a multiple of r, with the eigenvalues 1e-3 apart). "Not diagonalisable" is
+    # never reported as a failure: spans arbitrarily close to one whose K is defective have a
+    # diagonalisable K (span{I, [[0, 1], [0, t]]}, t → 0), so rounding cannot tell them apart. Returns
     # (m, V, failed): V (m/r, p, d), values of rank <= r whose span holds every Q_b (checked), or
     # None. The K_b carry M⁺, whose rounding grows like cond(M) = σ_1/σ_m: above 1e6 the test never
     # reports "failed" (undecided, no claim either way); a V is still built and checked.
@@ -351,8 +353,8 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
     spaces = []
     for c, mean in zip(clusters, means):  # each eigenspace: the null space of K − λI, from an SVD
         _, s, vt = np.linalg.svd(mixed - mean * np.eye(m))
-        if (s > 1e-4 * scale).sum() > m - len(c):                  # fewer eigenvectors: not diagonalisable
-            return m, None, decidable
+        if (s > 1e-4 * scale).sum() > m - len(c):                  # fewer eigenvectors: undecided
+            return m, None, False
         spaces.append(vt[m - len(c):].T)
     if any(len(c) % r for c in clusters):                           # wrong sizes: fails if well separated
         return m, None, decidable and bool(np.diff(means).min(initial=np.inf) > 1e-3 * scale)
@@ -408,8 +410,10 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     {prf:ref}`thm-rank-limited-heads`, on the lag span 𝓛 of lags ℓ < n (rank rule `rtol`), k = dim 𝓛,
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
     lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
-    (decided numerically at 1e-6 relative, only when cond(M) <= 1e6; undecided counts as not
-    failing); upper = the number of maps `rank_limited_values` builds and checks (parts 2 and 4).
+    in a way rounding cannot fake (a non-real eigenvalue, non-commuting restrictions, eigenspaces of
+    the wrong dimension with eigenvalues 1e-3 apart; decided at 1e-6 relative, only when
+    cond(M) <= 1e6); a restriction that looks not diagonalisable leaves it undecided, which counts
+    as not failing. upper = the number of maps `rank_limited_values` builds and checks (parts 2, 4).
     lower == upper: H_r is known.
     """
     ssm, n = _check_lti(ssm), check_int(n, "n")

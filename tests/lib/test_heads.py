@@ -566,9 +566,6 @@ HAND = {
     # all 3 × 3 diagonals: k = 3, basis E_qq of rank one: H_r = 3 for every r
     "diagonals, r = 1": (spanned_by(*[np.diag(e) for e in np.eye(3)]), 1, 3),
     "diagonals, r = 3": (spanned_by(*[np.diag(e) for e in np.eye(3)]), 3, 3),
-    # span{I, N} (N nilpotent): its only singular elements are multiples of N, so no rank-one
-    # basis (H_1 >= 3); I = E_11 + E_22 and N: 3 rank-one values
-    "span{I, N}, r = 1": (spanned_by(I2, N2), 1, 3),
     "span{I, N}, r = 2": (spanned_by(I2, N2), 2, 2),
     # 4 × 2, [I; 0] and [0; I]: columns span ℝ⁴, so H_1 >= 4, and 2 + 2 rank-one pieces do it;
     # r = 2: the basis itself
@@ -589,6 +586,18 @@ HAND = {
 def test_thm_rank_limited_heads_bounds_meet_the_hand_count(name):
     model, r, expected = HAND[name]
     assert rank_limited_heads(model, r, model.max_length) == (expected, expected)
+
+
+def test_thm_rank_limited_heads_leaves_a_defective_span_undecided_and_near_ones_unraised():
+    # span{I, N} (N nilpotent): its only singular elements are multiples of N, so no rank-one basis
+    # and H_1 = 3 (I = E_11 + E_22 and N: 3 rank-one values). But span{I, P_t}, P_t = [[0, 1], [0, t]],
+    # has the rank-one basis P_t, I − P_t/t for t ≠ 0 (H_1 = 2) and tends to it: floating point
+    # cannot certify "not diagonalisable", so the lower bound stays at 2, and is not raised near it.
+    assert rank_limited_heads(spanned_by(I2, N2), 1, 2) == (2, 3)
+    for t in (1e-5, 1e-7, 1e-9):                      # the referee's spans span{I, [[0, 1/t], [0, 1]]}
+        near = spanned_by(I2, np.array([[0.0, 1.0], [0.0, t]]))
+        lower, upper = rank_limited_heads(near, 1, 2)
+        assert lower == 2 and upper >= 2
 
 
 def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
