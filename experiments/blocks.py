@@ -55,22 +55,36 @@ def count_row(span: Any, pairs: int, epsilons: list[float], rtol: float = 1e-10)
 
 
 def spans_by_lag(block: Any, X: torch.Tensor, lags: tuple[int, ...] = (0,),
-                 rtol: float = 1e-10) -> tuple[dict[int, Any], float]:
+                 rtol: float = 1e-10) -> tuple[dict[int, Any], dict]:
     """`channel_span(block, X, min_lag=lag)` for each lag, from one computation of the coefficients
-    (at d_inner 1536 they cost seconds), and the share of the operator's energy within the first
-    max(lags) lags, Σ_{i−j<L} ‖𝒲_ij‖²_F / Σ_{j<=i} ‖𝒲_ij‖²_F with ‖U diag(g) V‖²_F = gᵀΩg. X: (n, d)."""
+    (at d_inner 1536 they cost seconds), and the skip's part of them. X: (n, d).
+
+    The skip enters g only through the convolution: its term is g^D_ij = s_i ⊙ w_{i−j} ⊙ σ(c_i) ⊙ D
+    for i − j < K (the block's own output scale s and pre-activation c; D per channel), the rest of g
+    being the scan's. Returns (spans, skip): skip["span"] is the span of the g^D_ij over all pairs
+    j <= i, and skip["skip share"], skip["scan share"] the shares of the operator's energy
+    Σ_{j<=i} ‖𝒲_ij‖²_F (‖U diag(g) V‖²_F = gᵀΩg) in g^D alone and in g − g^D alone."""
     with torch.no_grad():
-        g = block.coefficients(X).to(torch.float64)
+        P, s, c = block._pieces(X[None].to(torch.float64))
+        g = block._combine(P, s)[0]
         U, V = (t.to(torch.float64) for t in block.factors())
-        n = X.shape[0]
+        n, K, w = X.shape[0], block.d_conv, block.taps().to(torch.float64)
+        D = block.D if block.D.shape[0] == block.d_inner else block.D.repeat_interleave(block.headdim)
+        g_skip = torch.zeros_like(g)
+        for k in range(min(K, n)):  # pairs (i, i − k)
+            i = torch.arange(k, n)
+            g_skip[i, i - k] = s[0, i] * w[k] * torch.sigmoid(c[0, i]) * D
         spans = {}
         for lag in lags:
             rows, cols = torch.tril_indices(n, n, offset=-lag)
             spans[lag] = _coefficient_span(g[rows, cols], U, V, rtol)
-        energy = torch.einsum("ijq,qr,ijr->ij", g, (U.T @ U) * (V @ V.T), g)
-        lag = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-        share = float(energy[(lag >= 0) & (lag < max(lags))].sum() / energy[lag >= 0].sum())
-    return spans, share
+        rows, cols = torch.tril_indices(n, n)
+        omega = (U.T @ U) * (V @ V.T)
+        energy = lambda h: float(torch.einsum("pq,qr,pr->", h[rows, cols], omega, h[rows, cols]))
+        total = energy(g)
+        skip = {"span": _coefficient_span(g_skip[rows, cols], U, V, rtol),
+                "skip share": energy(g_skip) / total, "scan share": energy(g - g_skip) / total}
+    return spans, skip
 
 
 def without_skip(block: Any) -> Any:

@@ -128,7 +128,11 @@ class _Block(SequenceMap):
         """g_ij(X) ∈ ℝ^{d_inner}, shape (b, n, n, d_inner), zero for j > i:
         g_ij = s_i ⊙ Σ_{k=0}^{d_conv−1} w_k ⊙ κ_{i,j+k} ⊙ σ(c_{j+k}) (terms with j + k > i vanish)."""
         P, s, _ = self._pieces(X)
-        n, w = X.shape[1], self.taps()
+        return self._combine(P, s)
+
+    def _combine(self, P: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        # g_ij = s_i ⊙ Σ_k w_k ⊙ P[:, i, j + k] from the pieces (b, n, n, d_inner), (b, n, d_inner).
+        n, w = P.shape[1], self.taps()
         g = torch.zeros_like(P)
         for k in range(min(self.d_conv, n)):
             g[:, :, :n - k] += w[k] * P[:, :, k:]

@@ -143,17 +143,44 @@ def test_spans_by_lag_against_channel_span_and_the_dense_operator():
     from experiments.blocks import spans_by_lag
     block = Mamba2Block(8, d_state=4, headdim=4, seed=3)
     X = torch.from_numpy(np.random.default_rng(6).standard_normal((7, 8)))
-    spans, share = spans_by_lag(block, X, (0, 3))
+    spans, _ = spans_by_lag(block, X, (0, 3))
     for lag in (0, 3):
         direct = channel_span(block, X, min_lag=lag)
         assert spans[lag].dim == direct.dim
         assert np.allclose(spans[lag].singular_values, direct.singular_values, rtol=1e-10, atol=1e-14)
+
+
+def test_spans_by_lag_skip_part_against_the_dense_operator_without_the_skip():
+    # Mamba: s = silu(z) and c do not depend on D, so the skip's part of 𝒲 is 𝒲(block) − 𝒲(D = 0):
+    # its energy share, the scan's, and its span, by the dense operators.
+    from experiments.blocks import spans_by_lag, without_skip
+    block = MambaBlock(8, d_state=4, seed=4)
+    X = torch.from_numpy(np.random.default_rng(8).standard_normal((9, 8)))
+    _, skip = spans_by_lag(block, X)
     with torch.no_grad():
-        W = block.operator(X)
-    energy = W.pow(2).sum((-1, -2))
-    near = sum(float(energy[i, j]) for i in range(7) for j in range(7) if 0 <= i - j < 3)
-    total = sum(float(energy[i, j]) for i in range(7) for j in range(i + 1))
-    assert abs(share - near / total) < 1e-12
+        W, W_scan = block.operator(X), without_skip(block).operator(X)
+    energy = lambda T: sum(float(T[i, j].pow(2).sum()) for i in range(9) for j in range(i + 1))
+    assert abs(skip["skip share"] - energy(W - W_scan) / energy(W)) < 1e-10
+    assert abs(skip["scan share"] - energy(W_scan) / energy(W)) < 1e-10
+    rows = torch.stack([(W - W_scan)[i, j].reshape(-1) for i in range(9) for j in range(i + 1)])
+    dense = np.linalg.svd(rows.numpy(), compute_uv=False)
+    top = skip["span"].singular_values
+    assert np.allclose(top, dense[: len(top)], rtol=1e-9, atol=1e-12 * dense[0])
+
+
+def test_spans_by_lag_skip_part_is_all_of_a_mamba2_block_whose_scan_reads_nothing():
+    # Mamba-2 with C ≡ 0 (its in_proj rows zeroed, no conv bias): the scan's kernel vanishes, so g is
+    # the skip's part alone, with the block's own norm scale: the skip formula against lib's g.
+    from experiments.blocks import spans_by_lag
+    block = Mamba2Block(8, d_state=4, headdim=4, conv_bias=False, seed=5)
+    with torch.no_grad():
+        block.D.copy_(torch.tensor([0.7, -1.3, 0.2, 1.9], dtype=block.D.dtype))  # per head
+        start = 2 * block.d_inner + block.ngroups * block.d_state    # z, x, B rows first
+        block.in_proj.weight[start:start + block.ngroups * block.d_state] = 0.0
+    X = torch.from_numpy(np.random.default_rng(9).standard_normal((7, 8)))
+    spans, skip = spans_by_lag(block, X)
+    assert abs(skip["skip share"] - 1) < 1e-12 and skip["scan share"] < 1e-24
+    assert np.allclose(skip["span"].singular_values, spans[0].singular_values, rtol=1e-10)
 
 
 def test_without_skip_zeroes_the_skip_only():
