@@ -69,6 +69,21 @@ def test_prop_mamba2_count_factors_and_bounds(n):
         assert rank(factors["SSD core"], 1e-10) == H and rank(factors["conv"], 1e-10) == min(K * H, D)
 
 
+@pytest.mark.parametrize("n", [8, 12])
+def test_prop_mamba2_count_part3_binds(n):
+    # Two heads of width 16 (D = 32): Σ_i min(i, H) = 2n − 1 (15, 23) is below min(D, n(n+1)/2),
+    # so part 3's bound is the one that limits the gate alone and the slope alone.
+    block = Mamba2Block(16, d_state=4, headdim=16, seed=1)
+    X = torch.from_numpy(np.random.default_rng(n).standard_normal((n, 16)))
+    factors = mamba2_factors(block, X)
+    bound = sum(min(i, block.nheads) for i in range(1, n + 1))
+    assert block.nheads == 2 and bound == 2 * n - 1 < min(block.d_inner, n * (n + 1) // 2)
+    for name in ("gate", "slope"):
+        assert rank(factors[name], 1e-10) <= bound, name
+        assert rank(factors[name], 1e-10) == bound, name  # attained here: σ_bound/σ₁ ≥ 1e-6, the next ≤ 1e-16
+    assert rank(factors["block"], 1e-10) == block.d_inner  # the three factors together reach every channel
+
+
 def _mamba_lm(layers=2, **config):
     torch.manual_seed(0)
     config = transformers.MambaConfig(vocab_size=50, hidden_size=16, state_size=4, num_hidden_layers=layers,
