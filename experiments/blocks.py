@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from lib import Mamba2Block, MambaBlock
+from lib._validation import check_real
 from lib.heads import _tails
 from lib.spans import _coefficient_span, rank
 
@@ -20,6 +21,11 @@ from lib.spans import _coefficient_span, rank
 # state-spaces/mamba-130m-hf and state-spaces/mamba2-130m.
 MAMBA_130M = dict(d_model=768, d_state=16, d_conv=4, expand=2, dt_rank=48)
 MAMBA2_130M = dict(d_model=768, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1)
+
+# The checkpoint recipe: the activation names that are SiLU in transformers (ACT2FN), and how far
+# block(X) may be from the float32 mixer's output, relatively (block_and_inputs).
+_SILU = ("silu", "swish")
+MIXER_RTOL = 1e-4
 
 
 def token_inputs(n: int, d_model: int, batch: int = 1, *, vocab: int = 1000, zipf: float = 1.1,
@@ -130,22 +136,37 @@ def random_mamba_lm(layers: int, seed: Any = 0):
     return transformers.MambaForCausalLM(config).eval()
 
 
+def _check_modelled(mixer: torch.nn.Module) -> None:
+    """Raise ValueError naming a configuration field of the mixer that lib's blocks do not model."""
+    kind = type(mixer).__name__[:-len("Mixer")]
+    if mixer.activation not in _SILU:
+        raise ValueError(f"the checkpoint's hidden_act is {mixer.activation!r}; lib's {kind}Block applies "
+                         f"SiLU (hidden_act 'silu') and models no other activation")
+    if kind == "Mamba2" and tuple(float(t) for t in mixer.time_step_limit) != (0.0, float("inf")):
+        raise ValueError(f"the checkpoint's time_step_limit is {tuple(mixer.time_step_limit)}; lib's Mamba2Block "
+                         f"does not model Mamba-2's clamp of the step Δ (only the no-op default (0.0, inf))")
+
+
 def block_from_mixer(mixer: torch.nn.Module, dtype: torch.dtype = torch.float64) -> Any:
     """A lib block with the weights of a `transformers` MambaMixer or Mamba2Mixer, loaded strictly
-    (a key or shape that does not match raises, naming it)."""
+    (a key or shape that does not match raises, naming it). Configuration the lib blocks do not
+    model is rejected first, naming the field: `hidden_act` other than SiLU (Mamba's conv output
+    and gate, Mamba-2's conv output) and, for Mamba-2, a `time_step_limit` other than the no-op
+    (0, ∞). What no field names is caught by `block_and_inputs`, which compares outputs."""
     kind = type(mixer).__name__
+    if kind not in ("MambaMixer", "Mamba2Mixer"):
+        raise TypeError(f"mixer must be a transformers MambaMixer or Mamba2Mixer; got {kind}")
+    _check_modelled(mixer)
     if kind == "MambaMixer":
         block = MambaBlock(mixer.hidden_size, mixer.ssm_state_size, mixer.conv_kernel_size,
                            mixer.intermediate_size // mixer.hidden_size, mixer.time_step_rank,
                            conv_bias=mixer.conv1d.bias is not None, bias=mixer.in_proj.bias is not None,
                            dtype=dtype)
-    elif kind == "Mamba2Mixer":
+    else:
         block = Mamba2Block(mixer.hidden_size, mixer.ssm_state_size, mixer.conv_kernel_size,
                             mixer.intermediate_size // mixer.hidden_size, mixer.head_dim, mixer.n_groups,
                             bias=mixer.in_proj.bias is not None, conv_bias=mixer.conv1d.bias is not None,
                             norm_eps=mixer.norm.variance_epsilon, dtype=dtype)
-    else:
-        raise TypeError(f"mixer must be a transformers MambaMixer or Mamba2Mixer; got {kind}")
     state = {key: value.to(dtype) for key, value in mixer.state_dict().items()}
     block.load_state_dict(state, strict=True)
     return block
@@ -157,31 +178,53 @@ def random_ids(model: torch.nn.Module, n: int, seed: Any = 0) -> torch.Tensor:
     return torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, n)))
 
 
-def load_checkpoint(name: str, layer: int, text_ids: Any = None, *, n: int = 64, seed: Any = 0):
+def load_checkpoint(name: str, layer: int, text_ids: Any = None, *, n: int = 64, seed: Any = 0,
+                    rtol: float = MIXER_RTOL):
     """(block, X): layer `layer`'s mixer of a `transformers` Mamba or Mamba-2 checkpoint (a hub
     name such as "state-spaces/mamba-130m-hf", which needs a network, or a local directory) as a
     lib block, and the inputs its mixer sees on the token ids `text_ids` (b, n) — by default n
-    ids drawn from the checkpoint's own vocabulary (`random_ids`)."""
+    ids drawn from the checkpoint's own vocabulary (`random_ids`). Raises ValueError if the block
+    does not reproduce the mixer's output to `rtol` (`block_and_inputs`)."""
     model = _transformers().AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
-    return block_and_inputs(model, layer, random_ids(model, n, seed) if text_ids is None else text_ids)
+    ids = random_ids(model, n, seed) if text_ids is None else text_ids
+    return block_and_inputs(model, layer, ids, rtol=rtol)
 
 
-def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any) -> tuple[Any, torch.Tensor]:
+def block_and_inputs(model: torch.nn.Module, layer: int, text_ids: Any, *,
+                     rtol: float = MIXER_RTOL) -> tuple[Any, torch.Tensor]:
     """(block, X) of a loaded `transformers` Mamba/Mamba-2 causal LM: its layer's mixer as a lib
-    block, and what that mixer receives (after the layer's pre-norm) on `text_ids`, captured by a
-    forward pre-hook (so the recipe does not depend on how hidden states are reported)."""
+    block (`block_from_mixer`), and what that mixer receives (after the layer's pre-norm) on
+    `text_ids`, captured by a forward pre-hook (so the recipe does not depend on how hidden states
+    are reported). A forward hook captures the mixer's output Y too: if ‖block(X) − Y‖/‖Y‖ exceeds
+    `rtol` the block is not the checkpoint's map (something it uses that lib does not model) and
+    a ValueError names the layer and the difference. Y comes from the float32 model: about 1e-6
+    on random layers of the 130m shapes (n = 64 to 300), so the default 1e-4 leaves a factor 100."""
     layers = model.backbone.layers
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(layers):
         raise ValueError(f"layer must be an integer in [0, {len(layers)}); got {layer!r}")
-    mixer, seen = layers[layer].mixer, []
-    handle = mixer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]),
-                                             with_kwargs=True)
+    rtol = check_real(rtol, "rtol", 0.0, open_interval=True)
+    mixer, seen, out = layers[layer].mixer, [], []
+    block = block_from_mixer(mixer)  # before the forward: configuration it does not model raises here
+    hooks = [mixer.register_forward_pre_hook(
+                 lambda module, args, kwargs: seen.append(args[0] if args else kwargs["hidden_states"]),
+                 with_kwargs=True),
+             mixer.register_forward_hook(
+                 lambda module, args, output: out.append(output[0] if isinstance(output, tuple) else output))]
     try:
         with torch.no_grad():
             model(torch.as_tensor(text_ids))
     finally:
-        handle.remove()
-    return block_from_mixer(mixer), seen[0].detach().to(torch.float64)
+        for hook in hooks:
+            hook.remove()
+    X = seen[0].detach().to(torch.float64)
+    with torch.no_grad():
+        Y = out[0].detach().to(torch.float64)
+        difference = float(torch.linalg.vector_norm(block(X) - Y) / torch.linalg.vector_norm(Y))
+    if not difference <= rtol:  # NaN fails too
+        raise ValueError(f"layer {layer}: lib's {type(block).__name__} differs from the checkpoint's mixer by "
+                         f"{difference:.1e} relative on the captured inputs (rtol {rtol:g}): the checkpoint uses "
+                         f"something the block does not model")
+    return block, X
 
 
 def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:

@@ -69,10 +69,25 @@ def test_prop_mamba2_count_factors_and_bounds(n):
         assert rank(factors["SSD core"], 1e-10) == H and rank(factors["conv"], 1e-10) == min(K * H, D)
 
 
-def _mamba_lm(layers=2):
+@pytest.mark.parametrize("n", [8, 12])
+def test_prop_mamba2_count_part3_binds(n):
+    # Two heads of width 16 (D = 32): Σ_i min(i, H) = 2n − 1 (15, 23) is below min(D, n(n+1)/2),
+    # so part 3's bound is the one that limits the gate alone and the slope alone.
+    block = Mamba2Block(16, d_state=4, headdim=16, seed=1)
+    X = torch.from_numpy(np.random.default_rng(n).standard_normal((n, 16)))
+    factors = mamba2_factors(block, X)
+    bound = sum(min(i, block.nheads) for i in range(1, n + 1))
+    assert block.nheads == 2 and bound == 2 * n - 1 < min(block.d_inner, n * (n + 1) // 2)
+    for name in ("gate", "slope"):
+        assert rank(factors[name], 1e-10) <= bound, name
+        assert rank(factors[name], 1e-10) == bound, name  # attained here: σ_bound/σ₁ ≥ 1e-6, the next ≤ 1e-16
+    assert rank(factors["block"], 1e-10) == block.d_inner  # the three factors together reach every channel
+
+
+def _mamba_lm(layers=2, **config):
     torch.manual_seed(0)
     config = transformers.MambaConfig(vocab_size=50, hidden_size=16, state_size=4, num_hidden_layers=layers,
-                                      time_step_rank=3)
+                                      time_step_rank=3, **config)
     return transformers.MambaForCausalLM(config).eval()
 
 
@@ -106,13 +121,21 @@ def test_block_from_mixer_names_what_does_not_match():
         block_from_mixer(torch.nn.Linear(2, 2))
 
 
-def test_the_recipe_reads_a_saved_checkpoint(tmp_path):
+def _mamba2_lm(layers=2, **config):
+    torch.manual_seed(0)
+    config = transformers.Mamba2Config(vocab_size=50, hidden_size=16, state_size=4, num_heads=4, head_dim=8,
+                                       n_groups=2, num_hidden_layers=layers, expand=2, **config)
+    return transformers.Mamba2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make, kind", [(_mamba_lm, MambaBlock), (_mamba2_lm, Mamba2Block)])
+def test_the_recipe_reads_a_saved_checkpoint(tmp_path, make, kind):
     # The same path as a hub checkpoint: from_pretrained on a directory, offline.
-    model = _mamba_lm(layers=3)
+    model = make(layers=3)
     model.save_pretrained(tmp_path)
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
     block, X = load_checkpoint(str(tmp_path), 1, ids)
-    assert isinstance(block, MambaBlock) and X.shape == (2, 9, 16) and X.dtype == torch.float64
+    assert isinstance(block, kind) and X.shape == (2, 9, 16) and X.dtype == torch.float64
     _, X_drawn = load_checkpoint(str(tmp_path), 0, n=7, seed=1)  # ids from the model's vocabulary (50)
     assert X_drawn.shape == (1, 7, 16)
     # X is what layer 1's mixer receives: its pre-norm of layer 0's output (the residual stream)
@@ -125,6 +148,45 @@ def test_the_recipe_reads_a_saved_checkpoint(tmp_path):
         assert torch.allclose(block(X).float(), layers[1].mixer(expected), atol=1e-5)
     with pytest.raises(ValueError, match="layer must be an integer in \\[0, 3\\)"):
         block_and_inputs(model, 3, ids)
+    with pytest.raises(ValueError, match="rtol must be finite and in \\(0, inf\\)"):
+        block_and_inputs(model, 1, ids, rtol=0)
+
+
+UNMODELLED = [pytest.param(lambda: _mamba2_lm(time_step_limit=(0.0, 0.005)), "time_step_limit is \\(0.0, 0.005\\)",
+                           id="mamba2-time_step_limit"),
+              pytest.param(lambda: _mamba2_lm(hidden_act="gelu"), "hidden_act is 'gelu'", id="mamba2-gelu"),
+              pytest.param(lambda: _mamba_lm(hidden_act="gelu"), "hidden_act is 'gelu'", id="mamba-gelu")]
+
+
+@pytest.mark.parametrize("make, field", UNMODELLED)
+def test_the_recipe_rejects_configuration_the_blocks_do_not_model(tmp_path, make, field):
+    # Saved and read back: the field survives the checkpoint's config.json and is named up front.
+    make().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=field):
+        load_checkpoint(str(tmp_path), 1, n=9)
+
+
+@pytest.mark.parametrize("make, field", UNMODELLED)
+def test_the_recipe_sees_a_different_map_by_its_output(monkeypatch, make, field):
+    # Without the up-front check the output comparison catches the same checkpoints (measured:
+    # 5e-4, 7e-2 and 1e-1 relative, against about 1.6e-7 on these defaults; rtol 1e-4) ...
+    import experiments.blocks
+
+    monkeypatch.setattr(experiments.blocks, "_check_modelled", lambda mixer: None)
+    ids = torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="layer 1: lib's Mamba2?Block differs from the checkpoint's mixer by"):
+        block_and_inputs(make(), 1, ids)
+
+
+def test_the_recipe_sees_what_no_configuration_field_names():
+    # ... and a change no field names: the gated norm over all channels instead of over its
+    # n_groups groups (the block is built from n_groups).
+    model, ids = _mamba2_lm(), torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(0))
+    block_and_inputs(model, 1, ids)  # as built: agrees
+    mixer = model.backbone.layers[1].mixer
+    mixer.norm.group_size = mixer.intermediate_size
+    with pytest.raises(ValueError, match=r"layer 1: lib's Mamba2Block differs .* by \d\.\de-0[1-3] relative"):
+        block_and_inputs(model, 1, ids)
 
 
 @pytest.mark.parametrize("make", [lambda: MambaBlock(8, d_state=4, seed=2, bias=True),

@@ -258,3 +258,23 @@ def test_prop_channel_span_with_repeated_channels_matches_the_dense_count(seed):
     model = _Channels(U, V, P, Q)
     X = np.random.default_rng(seed).standard_normal((2, 6, 3))
     assert channel_span(model, X).dim == interaction_span(model, X).dim
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4, 5])
+def test_channel_span_resolves_nearly_dependent_channels_above_its_floor(seed):
+    # u_2 v_2ᵀ = u_1 v_1ᵀ + δ a v_1ᵀ, δ = 3e-6: Ω's smallest eigenvalue is ~1e-12 of its largest,
+    # far above the floor D·eps ≈ 9e-16 where channel_span starts dropping directions. The dense
+    # route resolves the near-dependent direction (σ ~ 1e-7 of σ₁, above rtol); so must this one.
+    U, V, P, Q = _toy(3, 4, 3, seed=seed)
+    a = np.random.default_rng(100 + seed).standard_normal(3)
+    U[:, 1] = U[:, 0] + 3e-6 * np.linalg.norm(U[:, 0]) * a / np.linalg.norm(a)
+    V[1] = V[0]
+    model = _Channels(U, V, P, Q)
+    X = np.random.default_rng(seed).standard_normal((2, 6, 3))
+    dense, fast = interaction_span(model, X), channel_span(model, X)
+    lam = fast.gram_eigenvalues
+    assert 3e-13 < lam[0] / lam[-1] < 3e-12
+    assert fast.dim == dense.dim == 4
+    assert np.allclose(fast.singular_values[:3], dense.singular_values[:3], rtol=1e-9, atol=0)
+    assert dense.singular_values[3] / dense.singular_values[0] < 1e-6
+    assert np.isclose(fast.singular_values[3], dense.singular_values[3], rtol=1e-3, atol=0)  # ~1e-4 measured
