@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from lib import (DiagonalSSM, MambaBlock, RelativeHeads, SharedStateSSM, SoftmaxAttention, channel_span, fit,
-                 heads_needed, interaction_span, min_heads, optimal_head_errors, population_error, truncated_heads)
+                 heads_needed, interaction_span, min_heads, optimal_head_errors, population_error, relative_error,
+                 truncated_heads)
 from lib.scan import fft_causal_conv
 from lib.spans import rank
 
@@ -716,27 +717,60 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     Layer m is read at what it receives on X (after its LayerNorm, `layer_inputs`), by
     `channel_span` ({prf:ref}`prop-channel-span`): one row per block with "block" (1-based),
     "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X" (the span's dimension, rule rtol),
-    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`) and "λmin(Ω)/λmax(Ω)". The count is
-    that of the linear part 𝒲 of the block; the offset β (conv bias) is not a head.
+    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`: the unweighted operator-block error of
+    part 3, every pair j <= i), "beyond window H ε=…" (the same on the pairs i − j >= d_conv,
+    beyond the convolution's window: `channel_span(..., min_lag=d_conv)`; None if n <= d_conv) and
+    "λmin(Ω)/λmax(Ω)". The count is that of the linear part 𝒲 of the block; the offset β
+    (conv bias, `block_offsets`) is not a head.
     """
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
         span = channel_span(layer, inputs, rtol)
+        far = channel_span(layer, inputs, rtol, min_lag=layer.d_conv) if inputs.shape[1] > layer.d_conv else None
         lam, b, n = span.gram_eigenvalues, inputs.shape[0], inputs.shape[1]
         rows.append({"block": m + 1, "channels D": len(lam), "rows of Γ": b * n * (n + 1) // 2,
                      "heads at X": span.dim, "rank Γ": rank(span.coefficient_singular_values, rtol)}
                     | {f"H ε={e:g}": heads_at(span.singular_values, e) for e in epsilons}
+                    | {f"beyond window H ε={e:g}": None if far is None else heads_at(far.singular_values, e)
+                       for e in epsilons}
                     | {"λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
 
+def block_offsets(model: SequenceClassifier, X: Any) -> list[dict]:
+    """The affine identity y_i = Σ_j 𝒲_ij(X) x_j + β_i(X) of every mixing layer (a `MambaBlock`)
+    at its inputs on X (b, n, in_width), and the share of each part in the block's output.
+
+    y is the block's forward (the selective scan); Σ_j 𝒲_ij x_j = U Σ_j g_ij(X) ⊙ (V x_j) from the
+    block's `coefficients` and `factors` (the dense `operator` applied, without forming it), β the
+    block's `offset` (from the conv bias). One row per
+    block: "block", "identity error" (`relative_error` of Σ𝒲x + β against y: rounding if the
+    coefficients and the offset are the block's), "offset share" ‖β‖/‖y‖ and "linear share"
+    ‖Σ𝒲x‖/‖y‖ (Frobenius norms over the images, positions and channels)."""
+    rows = []
+    for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
+        with torch.no_grad():
+            X_m = torch.from_numpy(inputs).to(layer.dtype)
+            Y, beta = layer(X_m).double().numpy(), layer.offset(X_m).double().numpy()
+            U, V = layer.factors()
+            linear = (torch.einsum("bijq,bjq->biq", layer.coefficients(X_m), X_m @ V.T) @ U.T).double().numpy()
+        norm = float(np.linalg.norm(Y))
+        rows.append({"block": m + 1, "identity error": relative_error(linear + beta, Y),
+                     "offset share": float(np.linalg.norm(beta)) / norm,
+                     "linear share": float(np.linalg.norm(linear)) / norm})
+    return rows
+
+
 def dense_span_check(model: SequenceClassifier, X: Any, rtol: float = 1e-10) -> list[dict]:
-    """Each mixing layer's span at its inputs on X (b, n, in_width) by two routes: `channel_span`
-    (Γ K^½, no operator formed) and `interaction_span` on the dense operator 𝒲 (b, n, n, d, d).
+    """Each mixing layer's span at its inputs on X (b, n, in_width) by two linear-algebra routes
+    from the same coefficients: `channel_span` (Γ Ω^½, no operator formed) and `interaction_span`
+    on the dense operator 𝒲 = U diag(g) V (b, n, n, d, d), both from the block's `coefficients`.
+    It checks part 2 of {prf:ref}`prop-channel-span` (the Gram identity), not the coefficients
+    (`block_offsets` does, against the forward).
 
     One row per block: "block", "heads at X" and "dense" (the two dimensions), "σ error" (max
     |σ_q − σ_q^dense| / σ_1 over the D values) and "dense σ_D+1/σ_1" (what the dense route has
-    beyond D channels: rounding, if part 1 of {prf:ref}`prop-channel-span` holds)."""
+    beyond D channels: rounding by construction, since 𝒲 is built from D channel maps)."""
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
         fast, dense = channel_span(layer, inputs, rtol), interaction_span(layer, inputs, rtol)

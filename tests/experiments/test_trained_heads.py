@@ -647,10 +647,10 @@ def test_resolvable_tolerances_match_the_binomial_test():
 # -- the Mamba classifier (mamba.ipynb) ------------------------------------------------------------
 
 
-def dense_spectrum(layer, X):
-    # Singular values of the matrix with rows vec 𝒲_ij(X), j <= i, over the sequences of X, by numpy.
+def dense_spectrum(layer, X, min_lag=0):
+    # Singular values of the matrix with rows vec 𝒲_ij(X), i − j >= min_lag, over the sequences of X, by numpy.
     W = layer.operator(torch.as_tensor(X, dtype=layer.dtype)).detach().double().numpy()  # (b, n, n, d, d)
-    i, j = np.tril_indices(W.shape[1])
+    i, j = np.tril_indices(W.shape[1], -min_lag)
     return np.linalg.svd(W[:, i, j].reshape(-1, W.shape[-2] * W.shape[-1]), compute_uv=False)
 
 
@@ -690,14 +690,62 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
         assert row["heads at X"] == dense_dim <= row["channels D"] == 8
         assert row["rank Γ"] == np.linalg.matrix_rank(gamma, tol=1e-10 * np.linalg.norm(gamma, 2))
         assert row["rows of Γ"] == 2 * 9 * 10 // 2 == len(gamma)
-        tails = np.cumsum((sigma ** 2)[::-1])[::-1]  # tails[H] = Σ_{q>=H+1} σ_q²
-        for e in epsilons:
-            H = row[f"H ε={e:g}"]
-            assert (tails[H] if H < len(tails) else 0.0) <= e * tails[0] < tails[H - 1]
+        far = dense_spectrum(layer, inputs, min_lag=layer.d_conv)  # the pairs beyond the conv's window
+        assert len(far) == min(2 * 5 * 6 // 2, 16) and not np.allclose(far, sigma[:len(far)])
+        for prefix, values in (("H", sigma), ("beyond window H", far)):
+            tails = np.cumsum((values ** 2)[::-1])[::-1]  # tails[H] = Σ_{q>=H+1} σ_q²
+            for e in epsilons:
+                H = row[f"{prefix} ε={e:g}"]
+                assert (tails[H] if H < len(tails) else 0.0) <= e * tails[0] < tails[H - 1]
         if singular_K:  # K singular: the count falls below rank Γ (part 2 of prop-channel-span)
             assert row["λmin(Ω)/λmax(Ω)"] < 1e-12 and row["heads at X"] < row["rank Γ"]
         else:
             assert row["λmin(Ω)/λmax(Ω)"] > 1e-8 and row["heads at X"] == row["rank Γ"]
+
+
+def test_block_head_counts_beyond_the_window_need_a_pair_there():
+    from experiments.trained_heads import block_head_counts
+
+    model = as_float64(classifier("mamba", 4, state=2, seed=1))
+    short = block_head_counts(model, np.random.default_rng(2).random((1, 4, 1)), [0.1])  # n = d_conv: no pair
+    assert all(row["beyond window H ε=0.1"] is None and row["H ε=0.1"] >= 1 for row in short)
+    longer = block_head_counts(model, np.random.default_rng(2).random((1, 5, 1)), [0.1])  # one pair per block
+    assert all(row["beyond window H ε=0.1"] == 1 for row in longer)
+
+
+def test_block_offsets_identity_shares_and_a_wrong_coefficient_or_offset():
+    from experiments.trained_heads import block_offsets
+    from lib import MambaBlock, apply_operator
+
+    model = as_float64(classifier("mamba", 4, state=2, seed=3))
+    X = np.random.default_rng(4).random((3, 9, 1))
+    rows = block_offsets(model, X)
+    for row, layer, inputs in zip(rows, model.layers, model.layer_inputs(X)):
+        X_m = torch.from_numpy(inputs)
+        Y, beta = layer(X_m).detach().numpy(), layer.offset(X_m).detach().numpy()
+        linear = apply_operator(layer.operator(X_m).detach(), X_m)  # the dense operator, by lib's einsum
+        assert row["identity error"] < 1e-12
+        assert row["offset share"] == pytest.approx(np.linalg.norm(beta) / np.linalg.norm(Y), rel=1e-12)
+        assert row["linear share"] == pytest.approx(np.linalg.norm(linear) / np.linalg.norm(Y), rel=1e-12)
+        assert 0.05 < row["offset share"] < 2  # the conv bias gives an offset of the output's size
+    without = copy.deepcopy(model)
+    for layer in without.layers:
+        layer.conv1d.bias = None  # no bias: a linear block, no offset
+    assert all(r["offset share"] == 0 and r["identity error"] < 1e-12 for r in block_offsets(without, X))
+
+    class Coefficients(MambaBlock):  # coefficients 1.001 × the block's: the identity must see it
+        def coefficients(self, X):
+            return 1.001 * super().coefficients(X)
+
+    class Offset(MambaBlock):  # an offset 1.001 × the block's
+        def offset(self, X):
+            return 1.001 * super().offset(X)
+
+    for wrong in (Coefficients, Offset):
+        broken = copy.deepcopy(model)
+        for layer in broken.layers:
+            layer.__class__ = wrong
+        assert min(r["identity error"] for r in block_offsets(broken, X)) > 1e-5
 
 
 def test_dense_span_check_agrees_and_fails_on_a_scaled_operator():
