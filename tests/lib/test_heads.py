@@ -600,6 +600,16 @@ def test_thm_rank_limited_heads_leaves_a_defective_span_undecided_and_near_ones_
         assert lower == 2 and upper >= 2
 
 
+@pytest.mark.parametrize("t", [1e-5, 1e-6, 1e-8])
+def test_thm_rank_limited_heads_no_false_raise_near_a_defective_restriction(t):
+    # span{I_3, T}, T = [[0, 1, 0], [0, t, 1], [0, 0, 2t]]: T has the distinct real eigenvalues 0, t,
+    # 2t, so its three rank-one spectral projections span I and T: H_1 = 3. Near the 3 × 3 Jordan
+    # block rounding moves the computed eigenvalues off the real axis by ~eps^(1/3): no raise.
+    T = np.array([[0.0, 1.0, 0.0], [0.0, t, 1.0], [0.0, 0.0, 2 * t]])
+    lower, upper = rank_limited_heads(spanned_by(np.eye(3), T), 1, 2)
+    assert lower == 3 and upper >= 3
+
+
 def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
     # span{I_4, diag(1, 2, 3, 4)}: k = 2, r = 2 divides m = 4, but the eigenspaces of M⁻¹N have
     # dimension 1, so part 3 fails: H_2 >= 3 (the bounds k and ⌈c/r⌉ give only 2); E_qq: H_2 <= 4.
