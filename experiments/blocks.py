@@ -244,18 +244,11 @@ def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:
     X: one input (n, d). The ablated matrices are not blocks anyone builds: they say which
     factors lift the count."""
     with torch.no_grad():
-        P, s, c = block._pieces(X[None])
-        slope = torch.sigmoid(c)[:, None]
-        psi, w, n = (P / slope)[0], block.taps(), X.shape[0]
-        s, slope = s[0][:, None], slope[0]
-
-        def convolve(Q: torch.Tensor) -> torch.Tensor:  # Σ_k w_k ⊙ Q[i, j + k], the conv's window
-            out = torch.zeros_like(Q)
-            for k in range(min(block.d_conv, n)):
-                out[:, :n - k] += w[k] * Q[:, k:]
-            return out
-
-        variants = {"SSD core": psi, "gate": s * psi, "conv": convolve(psi), "slope": psi * slope,
-                    "gate + conv": s * convolve(psi), "gate + slope": s * psi * slope,
-                    "conv + slope": convolve(psi * slope), "block": s * convolve(psi * slope)}
+        P, s, c = block._pieces(X[None])                   # P[:, i, m] = ψ_im ⊙ σ(c_m)
+        slope = torch.sigmoid(c)[:, None]                  # σ(c_m), by column m
+        psi, gate, one = P / slope, s[:, :, None], torch.ones_like(s)
+        conv = lambda Q, scale=one: block._combine(Q, scale)[0]  # scale_i ⊙ Σ_k w_k ⊙ Q[i, j + k]
+        variants = {"SSD core": psi[0], "gate": (gate * psi)[0], "conv": conv(psi), "slope": (psi * slope)[0],
+                    "gate + conv": conv(psi, s), "gate + slope": (gate * psi * slope)[0],
+                    "conv + slope": conv(psi * slope), "block": conv(psi * slope, s)}
         return {name: coefficient_spectrum(g) for name, g in variants.items()}

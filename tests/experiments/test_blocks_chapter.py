@@ -46,6 +46,16 @@ def test_count_row_reads_the_span():
     assert row["σ_min/σ₁"] == span.singular_values[-1] / span.singular_values[0]
     assert row["heads at X"] == span.dim == rank(span.singular_values, 1e-10)
     assert row["H at ε=0.01"] == heads_at(span.singular_values, 1e-2) <= span.dim
+    # rank Γ and Ω's conditioning by routes of their own: numpy's SVD of the coefficient rows and
+    # eigvalsh of (UᵀU) ⊙ (VVᵀ)
+    with torch.no_grad():
+        g = block.coefficients(X)
+        rows, cols = torch.tril_indices(6, 6)
+        U, V = block.factors()
+        gram = ((U.T @ U) * (V @ V.T)).numpy()
+    assert row["rank Γ"] == np.linalg.matrix_rank(g[rows, cols].numpy(), tol=None)
+    lam = np.linalg.eigvalsh(gram)
+    assert abs(row["λmin(Ω)/λmax(Ω)"] / (lam[0] / lam[-1]) - 1) < 1e-8
 
 
 @pytest.mark.parametrize("n", [1, 3, 9, 20])
@@ -201,7 +211,7 @@ def test_factored_identity_error_is_rounding_and_sees_a_wrong_offset(make):
     assert factored_identity_error(block, X) > 1e-6
 
 
-def test_spans_by_lag_against_channel_span_and_the_dense_operator():
+def test_spans_by_lag_against_channel_span_per_lag():
     from experiments.blocks import spans_by_lag
     block = Mamba2Block(8, d_state=4, headdim=4, seed=3)
     X = torch.from_numpy(np.random.default_rng(6).standard_normal((7, 8)))
