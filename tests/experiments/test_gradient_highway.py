@@ -2088,7 +2088,11 @@ def test_cor_block_gate_closing_autograd_ratios_fail_with_the_smallest_rate(monk
 
 
 def test_exact_block_jacobians_equal_autograd_at_every_distance():
-    from experiments.gradient_highway import block_jacobians_at, mamba2_block_jacobian, mamba_block_jacobian
+    from experiments.gradient_highway import (
+        block_jacobians_at,
+        mamba2_block_jacobian,
+        mamba_block_jacobian,
+    )
     from lib import Mamba2Block
     rng = np.random.default_rng(3)
     for kw in ({}, {"bias": True}, {"d_conv": 2}):
@@ -2267,7 +2271,7 @@ def test_block_helpers_read_what_they_say():
     assert all(np.isnan(r["core"]) == (r["D"] == 0) for r in rows)   # formula (1) is for j < i only
     m2 = mamba2_window_rows(Mamba2Block(8, d_state=4, headdim=4, seed=0), np.random.default_rng(1).standard_normal((8, 8)))
     assert sorted({r["D"] for r in m2}) == [4, 5, 6, 7] and {r["K"] for r in m2} == {3, 4}
-    g, row = block_reach_row(block, X, probes=2000, eps=1e-3)
+    _, row = block_reach_row(block, X, probes=2000, eps=1e-3)
     exact = jacobian_norms(block, X, 8)[::-1]                  # the ratios are exact, the reaches probed
     assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], exact[4] / exact[1], rtol=1e-10)
     assert np.isclose(row["g(n−1)/g(4)"], exact[8] / exact[4], rtol=1e-10) and row["exact vs autograd"] < 1e-10
