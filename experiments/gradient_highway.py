@@ -1869,6 +1869,106 @@ def mamba2_window_prediction(block: Any, X: Any, i: int, j: int, *, window: int 
     return (block.out_proj.weight @ norm @ dR).detach().numpy()
 
 
+def mamba_block_jacobian(block: Any, X: Any, i: int, j: int, *, values: dict | None = None) -> np.ndarray:
+    """J_ij (d_model, d_model) of a MambaBlock (0-based 0 <= j <= i < n) by part 1 of
+    {prf:ref}`prop-block-gradient` with the sum over the state index n taken first: with
+    ω_t[q,n] = C_i[n] Λ_q(i, t)[n], row q of ∂o_i/∂x_j is Σ_t (ω_t·(A e^{Δ_t A} h_{t−1} + v_t B_t))[q] ∂Δ_t[q]
+    + Δ_t[q]v_t[q] ω_t[q]·∂B_t + Δ_t[q](ω_t·B_t)[q] ∂v_t[q] (+ the in-window terms of `mamba_block_path`),
+    so no (D_in, N, d) state derivative is formed — the same closed form as `mamba_block_path`, cheap
+    enough for the 130m shape. `values`: `mamba_values(block, X)` if already computed."""
+    X = _block_tensor(block, X)
+    n, i, j = len(X), int(i), int(j)
+    if not 0 <= j <= i < n:
+        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    K, Din, N, r = block.d_conv, block.d_inner, block.d_state, block.dt_rank
+    with torch.no_grad():
+        val = mamba_values(block, X) if values is None else values
+        V, Wz = block.in_proj.weight[:Din], block.in_proj.weight[Din:]
+        Wx, w, A, Delta = block.x_proj.weight, block.taps(), val["A"], val["Delta"]
+        cum = torch.cat([Delta.new_zeros(1, Din), torch.cumsum(Delta, 0)])
+        do = X.new_zeros(Din, X.shape[1])
+        for t in range(j, min(i, j + K - 1) + 1):
+            dv = (_silu_slope(val["c"][t]) * w[t - j])[:, None] * V                        # ∂v_t, (D_in, d)
+            dDelta = torch.sigmoid(val["pre"][t])[:, None] * (block.dt_proj.weight @ (Wx[:r] @ dv))
+            omega = val["C"][i] * torch.exp(A * (cum[i + 1] - cum[t + 1])[:, None])        # (D_in, N)
+            h_prev = val["h"][t - 1] if t > 0 else torch.zeros_like(val["h"][0])
+            Dt, vt, Bt = Delta[t], val["v"][t], val["B"][t]
+            launch = (omega * (A * torch.exp(Dt[:, None] * A) * h_prev + vt[:, None] * Bt)).sum(1)
+            do += (launch[:, None] * dDelta + (Dt * vt)[:, None] * (omega @ (Wx[r:r + N] @ dv))
+                   + (Dt * (omega * Bt).sum(1))[:, None] * dv)
+            if t == i:  # the output position inside the window: C_i and the skip's v_i depend on x_j
+                do += val["h"][i] @ (Wx[r + N:] @ dv) + block.D[:, None] * dv
+        inner = F.silu(val["z"][i])[:, None] * do
+        if i == j:
+            inner += (val["o"][i] * _silu_slope(val["z"][i]))[:, None] * Wz
+        return (block.out_proj.weight @ inner).numpy()
+
+
+def mamba2_block_jacobian(block: Any, X: Any, i: int, j: int, *, values: dict | None = None) -> np.ndarray:
+    """J_ij (d_model, d_model) of a Mamba2Block (0-based 0 <= j <= i < n) by autograd
+    (`torch.func.jacrev`) of y_i as a function of x_j alone, written in SSD's quadratic form
+    ({prf:ref}`prop-ssd`) with the other tokens held fixed:
+    o_i = e^{a Σ_{s=j}^{i} Δ_s} C_iᵀ s_{j−1} + Σ_{m=j}^{i} (C_i·B_m) e^{a Σ_{s=m+1}^{i} Δ_s} Δ_m v_m + D v_i,
+    so only quantities of size D_in (not the states) carry the d_model tangents — cheap at the 130m
+    shape (reverse mode in x_j's projection, then the input projection's matrix). Exact (checked against
+    `jacobian_blocks` in the tests); not a formula of the book. `values`: `mamba2_values(block, X)`.""" 
+    X = torch.as_tensor(_array(X)).to(block.D.dtype)
+    n, i, j = len(X), int(i), int(j)
+    if not 0 <= j <= i < n:
+        raise ValueError(f"need 0 <= j <= i < n = {n}; got i = {i}, j = {j}")
+    with torch.no_grad():
+        val = mamba2_values(block, X) if values is None else values
+        val = {k: v.detach() for k, v in val.items()}
+    Din, G, N, H, P, K = block.d_inner, block.ngroups, block.d_state, block.nheads, block.headdim, block.d_conv
+    group = torch.arange(H) // (H // G)
+    w = block.conv1d.weight[:, 0].flip(-1).T.detach()                         # (K, conv_dim)
+    W_in = block.in_proj.weight.detach()
+    b_in = None if block.in_proj.bias is None else block.in_proj.bias.detach()
+    proj = lambda x: x @ W_in.T + (0 if b_in is None else b_in)
+    with torch.no_grad():
+        P_all = proj(X)
+        xBC_all = P_all[:, Din:2 * Din + 2 * G * N]
+        pre_all = X.new_zeros(xBC_all.shape) + (0 if block.conv1d.bias is None else block.conv1d.bias.detach())
+        for k in range(min(K, n)):
+            pre_all = pre_all + F.pad(w[k] * xBC_all[:n - k], (0, 0, k, 0))
+    a, Delta, s_prev = val["a"], val["Delta"], (val["s"][j - 1] if j > 0 else None)
+    last = min(i, j + K - 1)
+    norm_w = block.norm.weight.detach()
+    beyond_tail, beyond_o = torch.zeros_like(a), torch.zeros(H, P, dtype=X.dtype)
+    for m in range(i, last, -1):    # positions the conv does not carry x_j to: constants
+        weight = (val["C"][i][group] * val["B"][m][group]).sum(-1) * torch.exp(a * beyond_tail) * Delta[m]
+        beyond_o = beyond_o + weight[:, None] * val["v"][m].unflatten(-1, (H, P))
+        beyond_tail = beyond_tail + Delta[m]
+    if s_prev is not None:   # per group, s_{j−1} of its heads as an (N, heads · P) matrix
+        s_groups = [s_prev[group == g].permute(1, 0, 2).reshape(N, -1) for g in range(G)]
+
+    def output(pj: torch.Tensor) -> torch.Tensor:   # y_i from x_j's projection p_j = in_proj(x_j)
+        z_i = pj[:Din] if i == j else val["z"][i]
+        dxBC = pj[Din:2 * Din + 2 * G * N] - xBC_all[j]
+        v, B, C, D_ = {}, {}, {}, {}
+        for m in range(j, last + 1):
+            if True:        # the conv carries x_j to positions j..j+K−1
+                vm, Bm, Cm = F.silu(pre_all[m] + w[m - j] * dxBC).split([Din, G * N, G * N])
+                v[m], B[m], C[m] = vm, Bm.unflatten(-1, (G, N)), Cm.unflatten(-1, (G, N))
+            D_[m] = F.softplus(pj[2 * Din + 2 * G * N:] + block.dt_bias.detach(), threshold=40.0) if m == j \
+                else Delta[m]
+        C_i = C[i] if i <= last else val["C"][i]                               # (G, N)
+        Ci = C_i[group]                                                       # (H, N)
+        tail, o = beyond_tail, beyond_o                                       # the terms m > j + K − 1
+        for m in range(last, j - 1, -1):   # tail = Σ_{s=m+1}^{i} Δ_s
+            o = o + ((Ci * B[m][group]).sum(-1) * torch.exp(a * tail) * D_[m])[:, None] * v[m].unflatten(-1, (H, P))
+            tail = tail + D_[m]
+        if s_prev is not None:   # C_iᵀ s_{j−1}, group by group as vector-matrix products (no batched copies)
+            prev = torch.cat([C_i[g] @ s_groups[g] for g in range(G)]).unflatten(0, (H, P))
+            o = o + torch.exp(a * tail)[:, None] * prev
+        o = o + block.D.detach()[:, None] * (v[i] if i <= last else val["v"][i]).unflatten(-1, (H, P))
+        rr = o.flatten() * F.silu(z_i)
+        return block.out_proj.weight.detach() @ (norm_w * rr * block.norm.inverse_rms(rr))
+
+    rows = slice(0 if i == j else Din, None)                                  # z_j reaches y_j only
+    return (torch.func.jacrev(output)(P_all[j])[:, rows] @ W_in[rows]).numpy()   # ∂y_i/∂p_j · ∂p_j/∂x_j
+
+
 def block_window_rows(block: Any, X: Any, outputs: Any) -> list[dict[str, Any]]:
     """For each output i in `outputs` and j <= i: D = i − j and, relative to ‖J_ij‖_F (autograd,
     `jacobian_blocks`), the error of `mamba_block_path`'s closed form, of the scan core's formula
@@ -1895,12 +1995,42 @@ def mamba2_window_rows(block: Any, X: Any, windows: Any = (4, 3)) -> list[dict[s
             for j in range(n - block.d_conv) for K in windows]
 
 
+def block_jacobians_at(block: Any, X: Any, distances: Any) -> np.ndarray:
+    """Exact J_{i,i−D} (len(distances), d_model, d_model) at the last output i = n − 1:
+    `mamba_block_jacobian` for a MambaBlock, `mamba2_block_jacobian` for a Mamba2Block (the forward
+    values computed once)."""
+    from lib import Mamba2Block, MambaBlock
+    n = len(_array(X))
+    if isinstance(block, MambaBlock):
+        jac, values = mamba_block_jacobian, mamba_values
+    elif isinstance(block, Mamba2Block):
+        jac, values = mamba2_block_jacobian, mamba2_values
+    else:
+        raise TypeError(f"block must be a lib.MambaBlock or lib.Mamba2Block; got {type(block).__name__}")
+    with torch.no_grad():
+        val = values(block, X)
+    return np.stack([jac(block, X, n - 1, n - 1 - check_int(D, "distance", minimum=0), values=val)
+                     for D in distances])
+
+
 def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 0) -> tuple[np.ndarray, dict]:
-    """(g, row): the probe estimate g(D) of `probe_profile` at the last output, and its readings —
-    the reach against g(1) and against g(4) (`read_profile` from D = 4 on), g(4)/g(1), g(n−1)/g(1)."""
+    """(g, row) at the last output i = n − 1. g: the probe estimate of `probe_profile` (for the figure and
+    the reaches). row: the reaches against g(1) and against g(4) (`read_profile` from D = 4 on), read off
+    the estimate; the ratios g(4)/g(1), g(n−1)/g(1), g(n−1)/g(4) and max |g(2..3)/g(1) − 1| from exact
+    norms (`block_jacobians_at` at D = 1, 2, 3, 4, n − 1); 'probe / exact' the estimate's largest relative
+    deviation at those five distances; 'exact vs autograd' the largest relative gap between the probe
+    norms ‖g_kᵀJ‖ recomputed from the exact blocks and the same probes by the block's own autograd."""
+    n = len(_array(X))
     g = probe_profile(block, X, probes=probes, seed=seed)
+    D = np.array([1, 2, 3, 4, n - 1])
+    J = block_jacobians_at(block, X, D)
+    exact = np.linalg.norm(J, axis=(1, 2))
+    G = as_generator(seed).standard_normal((probes, J.shape[1]))               # probe_profile's probes
+    probed = np.sqrt((np.einsum("kp,Dpd->Dkd", G, J) ** 2).sum(-1).mean(-1))
     return g, {"reach from g(1)": read_profile(g, eps).reach, "reach from g(4)": 3 + read_profile(g[3:], eps).reach,
-               "g(4)/g(1)": g[4] / g[1], "g(n−1)/g(1)": g[-1] / g[1]}
+               "g(4)/g(1)": exact[3] / exact[0], "g(n−1)/g(1)": exact[4] / exact[0],
+               "g(n−1)/g(4)": exact[4] / exact[3], "max |g(2..3)/g(1) − 1|": np.abs(exact[1:3] / exact[0] - 1).max(),
+               "probe / exact": np.abs(g[D] / exact - 1).max(), "exact vs autograd": np.abs(probed / g[D] - 1).max()}
 
 
 ALIBI_COLUMNS = {"weight_ratio": "α / e^{−mℓ+ω}", "sharp_ratio": "α / e^{−mℓ+s_ij−s_ii}",
@@ -1918,3 +2048,91 @@ def alibi_battery(attention: SoftmaxAttention, slopes: Any, n: int, rng: np.rand
             X = planted_alibi_input(attention, n, lag, head=head, radius=radius, seed=head)
             rows.append({"input": f"planted, head {head + 1}, lag {lag}"} | vars(alibi_check(attention, X, slopes)))
     return pd.DataFrame(rows).rename(columns=ALIBI_COLUMNS)
+
+
+def block_closing_autograd_ratios(block: Any, n: int, j: int, direction: Any, *, closing: float,
+                                  channels: Any = None, seed: Any = 0) -> np.ndarray:
+    """{prf:ref}`cor-block-gate-closing` 2 against autograd on a (small) MambaBlock: on the input of
+    `block_closing_input` with the proof's χ for level `closing`, for every q of `channels` (default: every
+    q with σ_q(ξ) < 0) and every i >= j + K, ‖M_i[q,:] − J⁰_q‖ / (a_max,q (i − j − K + 1) e^{−μ_q} Σ_k ‖R_{q,k}‖)
+    with the rows M_i[q,:] = ∂r_i[q]/∂x_j and S_q = ∂h_{j+K−1}[q]/∂x_j both by autograd (not by the
+    closed form), J⁰_q, R_{q,k} from them, and μ_q = −max_{t >= j+K} p_t[q] the level the input meets for
+    channel q ({Q} = {q} in the corollary); gaps at rounding level (1e-12 of the rows) count as 0.
+    Shape (|Q|, n − j − K); <= 1 by the corollary."""
+    sigma = closing_slopes(block, direction)
+    Q = np.flatnonzero(sigma < 0) if channels is None else np.asarray(channels, dtype=int)
+    X = block_closing_input(block, n, j, direction, closing_scale(block, direction, Q, closing), seed=seed)
+    K = block.d_conv
+    Xt = torch.from_numpy(X)
+
+    def rows(xj: torch.Tensor) -> torch.Tensor:
+        val = mamba_values(block, torch.cat([Xt[:j], xj[None], Xt[j + 1:]]))
+        return torch.cat([val["h"][j + K - 1].flatten(), val["r"][j + K:].flatten()])
+
+    jac = torch.autograd.functional.jacobian(rows, Xt[j])
+    Din, N = block.d_inner, block.d_state
+    S = jac[:Din * N].reshape(Din, N, -1)                                         # ∂h_{j+K−1}/∂x_j
+    M = jac[Din * N:].reshape(n - j - K, Din, -1)                                 # ∂r_i/∂x_j, i >= j + K
+    with torch.no_grad():
+        val = mamba_values(block, X)
+        s_bar, C_bar, A = F.silu(val["z"][-1]), val["C"][-1], val["A"]
+        mu = -val["pre"][j + K:].max(0).values                                    # (D_in,)
+    R = s_bar[:, None, None] * C_bar[None, :, None] * S                          # R_{q,k}, (D_in, N, d)
+    J0 = R.sum(1)
+    steps = torch.arange(1, n - j - K + 1, dtype=Xt.dtype)
+    bound = ((-A).max(1).values * torch.exp(-mu) * R.norm(dim=2).sum(1))[None, :] * steps[:, None]
+    gap = (M - J0[None]).norm(dim=2)
+    floor = 1e-12 * torch.maximum(M.norm(dim=2), J0.norm(dim=1)[None])      # rounding: counted as no gap
+    ratio = torch.where(gap <= floor, torch.zeros_like(gap), gap / bound)
+    return ratio.T[torch.from_numpy(Q)].numpy()
+
+
+def alibi_weight_limit(two_S: float, slope: float, D: int) -> float:
+    """ᾱ_D = 1/(1 + e^{−2S} Σ_{m=1}^{D} e^{βm}): the largest weight a key at distance D can take in one
+    ALiBi head (slope β) on tokens with content scores in [−S, S], from the D keys at lags 0..D−1 that
+    every query at that distance sees ({prf:ref}`cor-attention-price`, keeping those terms)."""
+    beta, D = float(slope), int(D)
+    if D == 0:
+        return 1.0                                              # no newer key competes
+    log_sum = beta + math.log(math.expm1(beta * D)) - math.log(math.expm1(beta))
+    return 1.0 / (1.0 + math.exp(log_sum - two_S))
+
+
+def alibi_gain_limit(two_S: float, slope: float, D: int) -> float:
+    """sup ‖J_{i,i−D}‖₂/‖V‖₂ allowed by the middle bound of {prf:ref}`cor-attention-price` with α <= ᾱ_D
+    (`alibi_weight_limit`): f(min(ᾱ_D, α*)), f(α) = α(1 + 2S(1 − α)) increasing up to its vertex α*."""
+    S = two_S / 2
+    alpha = alibi_weight_limit(two_S, slope, D)
+    if S > 0:
+        alpha = min(alpha, (1 + 2 * S) / (4 * S))
+    return alpha * (1 + 2 * S * (1 - alpha))
+
+
+def alibi_full_strength_reach(two_S: float, slope: float, eps: float) -> int:
+    """The largest D >= 0 with ᾱ_D >= 1 − ε (`alibi_weight_limit`): beyond it no bounded input gives a key
+    at distance D the weight 1 − ε that J ≈ V_h needs (‖J − V_h‖_F >= (1 − α)‖V_h P_{g⊥}‖_F)."""
+    beta = float(slope)
+    c = math.exp(two_S) * eps / (1 - eps)                     # Σ_{m<=D} e^{βm} <= c
+    return max(0, math.floor(math.log1p(c * math.expm1(beta) * math.exp(-beta)) / beta))
+
+
+def alibi_gain_reach(two_S: float, slope: float, level: float) -> int:
+    """The largest D >= 0 with `alibi_gain_limit` >= level (0 if none; the limit falls with D)."""
+    lo, hi = 0, max(1, math.ceil(alibi_reach(two_S, slope)) + 1)
+    if alibi_gain_limit(two_S, slope, 1) < level:
+        return 0
+    lo = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if alibi_gain_limit(two_S, slope, mid) >= level else (lo, mid)
+    return lo
+
+
+def scale_block_biases(block: Any, factor: float) -> Any:
+    """Multiply a block's input-projection and convolution biases (those it has) by `factor`, in
+    place; returns the block (to stress the slack of {prf:ref}`cor-block-gate-closing` 1)."""
+    with torch.no_grad():
+        for bias in (block.in_proj.bias, block.conv1d.bias):
+            if bias is not None:
+                bias.mul_(float(factor))
+    return block

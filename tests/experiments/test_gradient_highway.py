@@ -2015,24 +2015,134 @@ def test_cor_block_gate_closing_output_gate_decides_which_channels_carry():
     assert (zrow[Q] > 0).all() and (closing_slopes(block, xi)[Q] < 0).all()
 
 
-def test_cor_block_gate_closing_part_3_rows_vanish_where_the_output_gate_closes_by_autograd():
-    # part 3 measured, not read off carrying_channels' own filter: doubling chi, the autograd rows of
-    # the step-closed channels outside carrying_channels vanish (~ chi e^{-chi|W_z xi|}), the others do not
+def _closing_row_norms(block, xi, Q, chi, j=2, n=20):
     from experiments.gradient_highway import block_closing_input
+    Xt = torch.from_numpy(block_closing_input(block, n, j, xi, chi, seed=0)).requires_grad_(True)
+    r = mamba_values(block, Xt)["r"][-1]
+    return np.array([np.linalg.norm(torch.autograd.grad(r[q], Xt, retain_graph=True)[0][j]) for q in Q])
+
+
+def test_cor_block_gate_closing_part_3_rows_vanish_where_the_output_gate_closes_by_autograd():
+    # part 3's necessary condition, measured: doubling chi, the autograd rows of the step-closed
+    # channels with W_z xi < 0 vanish (~ chi e^{-chi|W_z xi|})
     block = _small_block(seed=1)
     xi = np.random.default_rng(5).standard_normal(4)
     Q = np.flatnonzero(closing_slopes(block, xi) < 0)
     carry = np.isin(Q, carrying_channels(block, xi))
     assert carry.any() and (~carry).any()
     chi0 = closing_scale(block, xi, Q, 15.0)
+    growth = _closing_row_norms(block, xi, Q, 2 * chi0) / _closing_row_norms(block, xi, Q, chi0)
+    assert (growth[~carry] < 1e-3).all()
 
-    def norms(chi, j=2):
-        Xt = torch.from_numpy(block_closing_input(block, 20, j, xi, chi, seed=0)).requires_grad_(True)
-        r = mamba_values(block, Xt)["r"][-1]
-        return np.array([np.linalg.norm(torch.autograd.grad(r[q], Xt, retain_graph=True)[0][j]) for q in Q])
 
-    growth = norms(2 * chi0) / norms(chi0)
-    assert (growth[~carry] < 1e-3).all() and (growth[carry] > 1).all()
+def test_cor_block_gate_closing_part_3_open_output_gate_is_not_sufficient():
+    # The old wording ("the channels that carry are those with sigma_q < 0 and W_z xi > 0") fails here:
+    # a channel of carrying_channels whose autograd row falls by > 1e3 when chi grows 8-fold (the step
+    # opens at a partial-window position and S_q -> 0). Search over small blocks and directions.
+    rng = np.random.default_rng(7)
+    found = []
+    for seed in range(6):
+        block = _small_block(seed=seed)
+        for _ in range(5):
+            xi = rng.standard_normal(4)
+            xi /= np.linalg.norm(xi)
+            Q = carrying_channels(block, xi)
+            if len(Q) == 0:
+                continue
+            chi0 = closing_scale(block, xi, Q, 5.0)
+            shrink = _closing_row_norms(block, xi, Q, 8 * chi0, n=12) / _closing_row_norms(block, xi, Q, chi0, n=12)
+            found += list(shrink[shrink < 1e-3])
+    assert len(found) > 0
+
+
+def test_cor_block_gate_closing_bound_against_autograd_holds_and_is_nearly_attained():
+    from experiments.gradient_highway import block_closing_autograd_ratios
+    worst = 0.0
+    for k, kw in enumerate([{}, {"bias": True}, {"d_conv": 2, "bias": True}, {"d_conv": 1}]):
+        block = _small_block(seed=k, **kw)
+        xi = np.random.default_rng(k).standard_normal(4)
+        for mu, j in ((0.5, 0), (3.0, 2)):
+            ratios = block_closing_autograd_ratios(block, j + block.d_conv + 8, j, xi, closing=mu)
+            assert np.isfinite(ratios).all()
+            worst = max(worst, ratios.max())
+    assert 0.3 < worst <= 1
+
+
+def test_cor_block_gate_closing_autograd_ratios_fail_with_the_smallest_rate(monkeypatch):
+    # break the bound (a_min in place of a_max): the check must exceed 1 somewhere
+    import experiments.gradient_highway as ghm
+    real = torch.Tensor.max
+
+    def smallest(self, *args, **kw):
+        if args == (1,) and not kw:
+            return torch.Tensor.min(self, 1)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "max", smallest)
+    worst = 0.0
+    for k, kw in enumerate([{}, {"bias": True}]):
+        block = _small_block(seed=k, **kw)
+        xi = np.random.default_rng(k).standard_normal(4)
+        worst = max(worst, ghm.block_closing_autograd_ratios(block, 12, 0, xi, closing=0.5).max())
+    assert worst > 1
+
+
+def test_exact_block_jacobians_equal_autograd_at_every_distance():
+    from experiments.gradient_highway import (
+        block_jacobians_at,
+        mamba2_block_jacobian,
+        mamba_block_jacobian,
+    )
+    from lib import Mamba2Block
+    rng = np.random.default_rng(3)
+    for kw in ({}, {"bias": True}, {"d_conv": 2}):
+        block = _small_block(seed=1, **kw)
+        X = rng.standard_normal((10, 4)) * 3
+        J = jacobian_blocks(block, X, 9)
+        for j in range(10):
+            assert np.linalg.norm(mamba_block_jacobian(block, X, 9, j) - J[j]) <= 1e-12 * np.linalg.norm(J[j])
+    for kw in ({}, {"ngroups": 2}, {"bias": True}):
+        block = Mamba2Block(8, d_state=4, headdim=4, seed=0, dt_min=0.05, dt_max=0.5, **kw)
+        X = rng.standard_normal((11, 8))
+        J = jacobian_blocks(block, X, 10)
+        for j in range(11):
+            assert np.linalg.norm(mamba2_block_jacobian(block, X, 10, j) - J[j]) <= 1e-12 * np.linalg.norm(J[j])
+        assert np.allclose(block_jacobians_at(block, X, [1, 10]), J[[9, 0]], rtol=1e-10, atol=1e-14)
+    with pytest.raises(TypeError, match="block"):
+        block_jacobians_at(alibi_attention(8, 2, 10), X, [1])
+    with pytest.raises(ValueError, match="j <= i"):
+        mamba2_block_jacobian(block, X, 3, 5)
+
+
+def test_alibi_limits_for_a_full_strength_path_below_the_envelope_reach():
+    from experiments.gradient_highway import (
+        alibi_full_strength_reach,
+        alibi_gain_limit,
+        alibi_gain_reach,
+        alibi_reach,
+        alibi_weight_limit,
+    )
+    two_S, beta = 6.0, 0.1
+    D = alibi_full_strength_reach(two_S, beta, 0.1)
+    assert D >= 2 and alibi_weight_limit(two_S, beta, D) >= 0.9 > alibi_weight_limit(two_S, beta, D + 1)
+    G = alibi_gain_reach(two_S, beta, 0.9)
+    assert alibi_gain_limit(two_S, beta, G) >= 0.9 > alibi_gain_limit(two_S, beta, G + 1)
+    assert D <= G < alibi_reach(two_S, beta)
+    # the weight limit against the direct sum, and against a softmax with content scores in [-S, S]: the
+    # key at distance d has +S, the d newer keys -S, no older keys (query at position d): attained
+    m = np.arange(1, 8)
+    for d in (1, 4, 7):
+        direct = 1 / (1 + np.exp(-two_S) * np.exp(beta * m[:d]).sum())
+        z = np.concatenate([[two_S / 2 - beta * d], -two_S / 2 - beta * np.arange(d)])
+        assert alibi_weight_limit(two_S, beta, d) == pytest.approx(direct, rel=1e-12)
+        assert alibi_weight_limit(two_S, beta, d) == pytest.approx(np.exp(z[0]) / np.exp(z).sum(), rel=1e-12)
+    # J − V = V[(α−1)I + α a gᵀ] is at least (1 − α)‖V P_{g⊥}‖_F away from V
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        V, a, g, al = rng.standard_normal((3, 3)), rng.standard_normal(3), rng.standard_normal(3), rng.uniform()
+        P = np.eye(3) - np.outer(g, g) / (g @ g)
+        J = al * V @ (np.eye(3) + np.outer(a, g))
+        assert np.linalg.norm(J - V) >= (1 - al) * np.linalg.norm(V @ P) - 1e-12
 
 
 def test_prop_alibi_attenuation_bounds_hold_and_the_sharp_one_is_attained():
@@ -2161,7 +2271,10 @@ def test_block_helpers_read_what_they_say():
     assert all(np.isnan(r["core"]) == (r["D"] == 0) for r in rows)   # formula (1) is for j < i only
     m2 = mamba2_window_rows(Mamba2Block(8, d_state=4, headdim=4, seed=0), np.random.default_rng(1).standard_normal((8, 8)))
     assert sorted({r["D"] for r in m2}) == [4, 5, 6, 7] and {r["K"] for r in m2} == {3, 4}
-    g, row = block_reach_row(block, X, probes=2000, eps=1e-3)
-    assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], g[4] / g[1])
+    _, row = block_reach_row(block, X, probes=2000, eps=1e-3)
+    exact = jacobian_norms(block, X, 8)[::-1]                  # the ratios are exact, the reaches probed
+    assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], exact[4] / exact[1], rtol=1e-10)
+    assert np.isclose(row["g(n−1)/g(4)"], exact[8] / exact[4], rtol=1e-10) and row["exact vs autograd"] < 1e-10
+    assert np.isclose(row["max |g(2..3)/g(1) − 1|"], np.abs(exact[2:4] / exact[1] - 1).max(), rtol=1e-10)
     table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
     assert len(table) == 3 + 2 * 2 and not table["input"].str.contains("lag 20").any()
