@@ -2274,6 +2274,9 @@ def test_block_helpers_read_what_they_say():
     _, row = block_reach_row(block, X, probes=2000, eps=1e-3)
     exact = jacobian_norms(block, X, 8)[::-1]                  # the ratios are exact, the reaches probed
     assert row["reach from g(4)"] >= 4 and np.isclose(row["g(4)/g(1)"], exact[4] / exact[1], rtol=1e-10)
+    # the reaches against the same readings of the exact profile (2000 probes: within a few %)
+    assert row["reach from g(1)"] == read_profile(exact, 1e-3).reach <= 8
+    assert row["reach from g(4)"] == 3 + read_profile(exact[3:], 1e-3).reach <= 8
     assert np.isclose(row["g(n−1)/g(4)"], exact[8] / exact[4], rtol=1e-10) and row["exact vs autograd"] < 1e-10
     assert np.isclose(row["max |g(2..3)/g(1) − 1|"], np.abs(exact[2:4] / exact[1] - 1).max(), rtol=1e-10)
     table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
