@@ -25,7 +25,7 @@ from lib import (DiagonalSSM, MambaBlock, RelativeHeads, SharedStateSSM, Softmax
                  heads_needed, interaction_span, min_heads, optimal_head_errors, population_error, relative_error,
                  truncated_heads)
 from lib.scan import fft_causal_conv
-from lib.spans import rank
+from lib.spans import _coefficient_span, rank
 
 from .blocks import heads_at  # H_ε of a span's singular values (prop-channel-span, part 3)
 
@@ -718,8 +718,11 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     `channel_span` ({prf:ref}`prop-channel-span`): one row per block with "block" (1-based),
     "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X" (the span's dimension, rule rtol),
     "rank Γ", "H ε=…" (`experiments.blocks.heads_at`: the unweighted operator-block error of
-    part 3, every pair j <= i), "beyond window H ε=…" (the same on the pairs i − j >= d_conv,
-    beyond the convolution's window: `channel_span(..., min_lag=d_conv)`; None if n <= d_conv) and
+    part 3, every pair j <= i), "within window H ε=…" (the same on the pairs 0 <= i − j < d_conv,
+    inside the convolution's window, where the skip acts), "beyond window H ε=…" (the pairs
+    i − j >= d_conv: `channel_span(..., min_lag=d_conv)`; None if n <= d_conv), "beyond window
+    energy" (Σσ² of the pairs beyond the window over Σσ² of all pairs: Σσ²(ΓΩ^½) = Σ ‖𝒲_ij‖_F²,
+    the share of the operator's squared Frobenius norm at lags >= d_conv; 0.0 if n <= d_conv) and
     "λmin(Ω)/λmax(Ω)". The count is that of the linear part 𝒲 of the block; the offset β
     (conv bias, `block_offsets`) is not a head.
     """
@@ -727,13 +730,20 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
         span = channel_span(layer, inputs, rtol)
         far = channel_span(layer, inputs, rtol, min_lag=layer.d_conv) if inputs.shape[1] > layer.d_conv else None
+        with torch.no_grad():  # the pairs inside the window: lib's span of those coefficient rows
+            g = layer.coefficients(torch.from_numpy(inputs).to(layer.dtype)).to(torch.float64)
+            i, j = torch.tril_indices(g.shape[1], g.shape[1])
+            inside = (i - j) < layer.d_conv
+            near = _coefficient_span(g[:, i[inside], j[inside]].reshape(-1, g.shape[-1]), *layer.factors(), rtol)
         lam, b, n = span.gram_eigenvalues, inputs.shape[0], inputs.shape[1]
+        energy = 0.0 if far is None else float((far.singular_values ** 2).sum() / (span.singular_values ** 2).sum())
         rows.append({"block": m + 1, "channels D": len(lam), "rows of Γ": b * n * (n + 1) // 2,
                      "heads at X": span.dim, "rank Γ": rank(span.coefficient_singular_values, rtol)}
                     | {f"H ε={e:g}": heads_at(span.singular_values, e) for e in epsilons}
+                    | {f"within window H ε={e:g}": heads_at(near.singular_values, e) for e in epsilons}
                     | {f"beyond window H ε={e:g}": None if far is None else heads_at(far.singular_values, e)
                        for e in epsilons}
-                    | {"λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
+                    | {"beyond window energy": energy, "λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
 
@@ -745,8 +755,10 @@ def block_offsets(model: SequenceClassifier, X: Any) -> list[dict]:
     block's `coefficients` and `factors` (the dense `operator` applied, without forming it), β the
     block's `offset` (from the conv bias). One row per
     block: "block", "identity error" (`relative_error` of Σ𝒲x + β against y: rounding if the
-    coefficients and the offset are the block's), "offset share" ‖β‖/‖y‖ and "linear share"
-    ‖Σ𝒲x‖/‖y‖ (Frobenius norms over the images, positions and channels)."""
+    coefficients and the offset are the block's: it sees an error that changes Σ𝒲x, not one that
+    leaves it unchanged), "offset ratio" ‖β‖/‖y‖ and "linear ratio" ‖Σ𝒲x‖/‖y‖ (Frobenius norms over
+    the images, positions and channels; norms of the two parts of a sum, so they need not add to 1
+    and either can exceed 1). The split 𝒲/β is that of {prf:ref}`prop-mamba-block`: every bias in β."""
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
         with torch.no_grad():
@@ -756,8 +768,8 @@ def block_offsets(model: SequenceClassifier, X: Any) -> list[dict]:
             linear = (torch.einsum("bijq,bjq->biq", layer.coefficients(X_m), X_m @ V.T) @ U.T).double().numpy()
         norm = float(np.linalg.norm(Y))
         rows.append({"block": m + 1, "identity error": relative_error(linear + beta, Y),
-                     "offset share": float(np.linalg.norm(beta)) / norm,
-                     "linear share": float(np.linalg.norm(linear)) / norm})
+                     "offset ratio": float(np.linalg.norm(beta)) / norm,
+                     "linear ratio": float(np.linalg.norm(linear)) / norm})
     return rows
 
 

@@ -647,11 +647,17 @@ def test_resolvable_tolerances_match_the_binomial_test():
 # -- the Mamba classifier (mamba.ipynb) ------------------------------------------------------------
 
 
-def dense_spectrum(layer, X, min_lag=0):
-    # Singular values of the matrix with rows vec 𝒲_ij(X), i − j >= min_lag, over the sequences of X, by numpy.
+def dense_blocks(layer, X, min_lag=0, max_lag=None):
+    # The rows vec 𝒲_ij(X), min_lag <= i − j (< max_lag), over the sequences of X, from the dense operator.
     W = layer.operator(torch.as_tensor(X, dtype=layer.dtype)).detach().double().numpy()  # (b, n, n, d, d)
     i, j = np.tril_indices(W.shape[1], -min_lag)
-    return np.linalg.svd(W[:, i, j].reshape(-1, W.shape[-2] * W.shape[-1]), compute_uv=False)
+    keep = (i - j < max_lag) if max_lag is not None else np.ones(len(i), bool)
+    return W[:, i[keep], j[keep]].reshape(-1, W.shape[-2] * W.shape[-1])
+
+
+def dense_spectrum(layer, X, min_lag=0, max_lag=None):
+    # Singular values of the matrix with rows vec 𝒲_ij(X), min_lag <= i − j (< max_lag), by numpy.
+    return np.linalg.svd(dense_blocks(layer, X, min_lag, max_lag), compute_uv=False)
 
 
 def test_mamba_classifier_layers_are_mamba_blocks_at_their_initialisation():
@@ -673,16 +679,25 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
     from experiments.trained_heads import block_head_counts
 
     model = as_float64(classifier("mamba", 4, state=2, seed=1))
+    with torch.no_grad():  # longer memory: at the initialisation the pairs beyond the window carry ~1e-7 of the energy
+        for layer in model.layers:
+            layer.dt_proj.bias.fill_(0.5), layer.x_proj.weight.mul_(5), layer.A_log.fill_(math.log(0.1))
     if singular_K:  # two equal columns of U = out_proj.weight: u_1 v_1ᵀ ∝ u_2 v_2ᵀ needs v equal too
         with torch.no_grad():
             for layer in model.layers:
                 layer.out_proj.weight[:, 1] = layer.out_proj.weight[:, 0]
                 layer.in_proj.weight[1] = layer.in_proj.weight[0]
     X = np.random.default_rng(2).random((2, 9, 1))
-    epsilons = [0.1, 0.01]
+    spectra = [{"H": dense_spectrum(layer, inputs),  # all pairs; inside the conv's window; beyond it
+                "within window H": dense_spectrum(layer, inputs, max_lag=layer.d_conv),
+                "beyond window H": dense_spectrum(layer, inputs, min_lag=layer.d_conv)}
+               for layer, inputs in zip(model.layers, model.layer_inputs(X))]
+    tails = [{k: np.cumsum((v ** 2)[::-1])[::-1] for k, v in s.items()} for s in spectra]  # t[H] = Σ_{q>H} σ_q²
+    # ε just above every tail ratio t[H]/t[0] (>= 1e-6): H_ε must be exactly H, so any other spectrum fails
+    epsilons = sorted({float(r) * (1 + 1e-6) for t in tails for v in t.values() for r in v[1:] / v[0] if r > 1e-6})
     rows = block_head_counts(model, X, epsilons)
-    for row, layer, inputs in zip(rows, model.layers, model.layer_inputs(X)):
-        sigma = dense_spectrum(layer, inputs)
+    for row, layer, inputs, spectrum, tail in zip(rows, model.layers, model.layer_inputs(X), spectra, tails):
+        sigma, near, far = spectrum.values()
         dense_dim = int((sigma > 1e-10 * sigma[0]).sum())
         g = layer.coefficients(torch.from_numpy(inputs)).detach().numpy()
         i, j = np.tril_indices(9)
@@ -690,13 +705,15 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
         assert row["heads at X"] == dense_dim <= row["channels D"] == 8
         assert row["rank Γ"] == np.linalg.matrix_rank(gamma, tol=1e-10 * np.linalg.norm(gamma, 2))
         assert row["rows of Γ"] == 2 * 9 * 10 // 2 == len(gamma)
-        far = dense_spectrum(layer, inputs, min_lag=layer.d_conv)  # the pairs beyond the conv's window
         assert len(far) == min(2 * 5 * 6 // 2, 16) and not np.allclose(far, sigma[:len(far)])
-        for prefix, values in (("H", sigma), ("beyond window H", far)):
-            tails = np.cumsum((values ** 2)[::-1])[::-1]  # tails[H] = Σ_{q>=H+1} σ_q²
+        assert not np.allclose(near, sigma[:len(near)])
+        energy = [(dense_blocks(layer, inputs, *lags) ** 2).sum() for lags in ((layer.d_conv,), ())]
+        assert row["beyond window energy"] == pytest.approx(energy[0] / energy[1], rel=1e-10)
+        assert energy[0] > 1e-3 * energy[1]
+        for prefix, t in tail.items():
             for e in epsilons:
                 H = row[f"{prefix} ε={e:g}"]
-                assert (tails[H] if H < len(tails) else 0.0) <= e * tails[0] < tails[H - 1]
+                assert (t[H] if H < len(t) else 0.0) <= e * t[0] < t[H - 1], (prefix, e)
         if singular_K:  # K singular: the count falls below rank Γ (part 2 of prop-channel-span)
             assert row["λmin(Ω)/λmax(Ω)"] < 1e-12 and row["heads at X"] < row["rank Γ"]
         else:
@@ -709,6 +726,7 @@ def test_block_head_counts_beyond_the_window_need_a_pair_there():
     model = as_float64(classifier("mamba", 4, state=2, seed=1))
     short = block_head_counts(model, np.random.default_rng(2).random((1, 4, 1)), [0.1])  # n = d_conv: no pair
     assert all(row["beyond window H ε=0.1"] is None and row["H ε=0.1"] >= 1 for row in short)
+    assert all(row["beyond window energy"] == 0.0 and row["within window H ε=0.1"] == row["H ε=0.1"] for row in short)
     longer = block_head_counts(model, np.random.default_rng(2).random((1, 5, 1)), [0.1])  # one pair per block
     assert all(row["beyond window H ε=0.1"] == 1 for row in longer)
 
@@ -725,13 +743,13 @@ def test_block_offsets_identity_shares_and_a_wrong_coefficient_or_offset():
         Y, beta = layer(X_m).detach().numpy(), layer.offset(X_m).detach().numpy()
         linear = apply_operator(layer.operator(X_m).detach(), X_m)  # the dense operator, by lib's einsum
         assert row["identity error"] < 1e-12
-        assert row["offset share"] == pytest.approx(np.linalg.norm(beta) / np.linalg.norm(Y), rel=1e-12)
-        assert row["linear share"] == pytest.approx(np.linalg.norm(linear) / np.linalg.norm(Y), rel=1e-12)
-        assert 0.05 < row["offset share"] < 2  # the conv bias gives an offset of the output's size
+        assert row["offset ratio"] == pytest.approx(np.linalg.norm(beta) / np.linalg.norm(Y), rel=1e-12)
+        assert row["linear ratio"] == pytest.approx(np.linalg.norm(linear) / np.linalg.norm(Y), rel=1e-12)
+        assert 0.05 < row["offset ratio"] < 2  # the conv bias gives an offset of the output's size
     without = copy.deepcopy(model)
     for layer in without.layers:
         layer.conv1d.bias = None  # no bias: a linear block, no offset
-    assert all(r["offset share"] == 0 and r["identity error"] < 1e-12 for r in block_offsets(without, X))
+    assert all(r["offset ratio"] == 0 and r["identity error"] < 1e-12 for r in block_offsets(without, X))
 
     class Coefficients(MambaBlock):  # coefficients 1.001 × the block's: the identity must see it
         def coefficients(self, X):
@@ -746,6 +764,24 @@ def test_block_offsets_identity_shares_and_a_wrong_coefficient_or_offset():
         for layer in broken.layers:
             layer.__class__ = wrong
         assert min(r["identity error"] for r in block_offsets(broken, X)) > 1e-5
+
+    class Blind(MambaBlock):  # coefficients off along U(δ_ij ⊙ V x_j) = 0: what the identity cannot see
+        def coefficients(self, X):
+            g = super().coefficients(X)
+            U, V = self.factors()
+            A = U[None, None] * (X @ V.T)[:, :, None, :]  # (b, n, d, D): δ ↦ U(δ ⊙ V x_j)
+            null = torch.linalg.svd(A).Vh[..., U.shape[0]:, :]  # (b, n, D − d, D), for full-rank A
+            r = torch.from_numpy(np.random.default_rng(0).standard_normal(g.shape[:3] + null.shape[2:3]))
+            delta = torch.einsum("bijk,bjkq->bijq", r, null) * torch.tril(torch.ones(g.shape[1], g.shape[1]))[..., None]
+            return g + 0.3 * g.norm() / delta.norm() * delta
+
+    blind = copy.deepcopy(model)
+    for layer in blind.layers:
+        layer.__class__ = Blind
+    assert max(r["identity error"] for r in block_offsets(blind, X)) < 1e-12  # passes, though
+    for layer, wrong, inputs in zip(model.layers, blind.layers, model.layer_inputs(X)):
+        X_m = torch.from_numpy(inputs)
+        assert relative_error(wrong.coefficients(X_m), layer.coefficients(X_m).detach()) > 0.29  # 30 % off
 
 
 def test_dense_span_check_agrees_and_fails_on_a_scaled_operator():
