@@ -610,6 +610,19 @@ def test_thm_rank_limited_heads_no_false_raise_near_a_defective_restriction(t):
     assert lower == 3 and upper >= 3
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_thm_rank_limited_heads_no_false_raise_near_a_defective_restriction_behind_a_conditioned_map(seed):
+    # span{U Wᵀ, U T Wᵀ}, T = N_5 + 1e-6 diag(0, .., 4) (distinct real eigenvalues: H_1 = 5), with
+    # cond(U) = 100: the rounding in the restriction grows like cond², so a fixed imaginary margin
+    # of 1e-3 raised a false lower bound (referee K3); the margin now grows with cond(M).
+    g = np.random.default_rng(25 + seed)
+    U = np.linalg.qr(g.standard_normal((5, 5)))[0] @ np.diag(np.logspace(0, -2, 5)) @ np.linalg.qr(g.standard_normal((5, 5)))[0]
+    W = np.linalg.qr(g.standard_normal((5, 5)))[0]
+    T = np.diag(np.ones(4), 1) + 1e-6 * np.diag(np.arange(5.0))
+    lower, upper = rank_limited_heads(spanned_by(U @ W.T, U @ T @ W.T), 1, 2)
+    assert lower <= 5 <= upper
+
+
 def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
     # span{I_4, diag(1, 2, 3, 4)}: k = 2, r = 2 divides m = 4, but the eigenspaces of M⁻¹N have
     # dimension 1, so part 3 fails: H_2 >= 3 (the bounds k and ⌈c/r⌉ give only 2); E_qq: H_2 <= 4.
