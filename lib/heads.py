@@ -264,6 +264,12 @@ def _flat_rank(blocks: np.ndarray, rtol: float) -> int:
     return rank(np.linalg.svd(np.concatenate(list(blocks), axis=1), compute_uv=False), rtol)
 
 
+def _ranks_at_most(V: np.ndarray, r: int, rtol: float = 1e-10) -> bool:
+    # Whether every V_h has numerical rank <= r (singular values above rtol of its largest).
+    return all(int((s > rtol * s[0]).sum()) <= r if s[0] > 0 else True
+               for s in np.linalg.svd(V, compute_uv=False))
+
+
 def _holds(V: np.ndarray, Q: np.ndarray, atol: float = 1e-8) -> bool:
     # Whether span{V_h} holds every Q_b (orthonormal, (k, p, d)) to atol: the residual after projecting
     # on an SVD basis of the V_h (a rank rule at 1e-12, so dependent V_h add no spurious directions).
@@ -407,7 +413,7 @@ def rank_limited_values(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> np.nda
         candidates.append(_modal_values(ssm, r))
     m = _scalar_blocks(Q, 1, rtol)[0]
     candidates += [_scalar_blocks(Q, r_prime, rtol)[1] for r_prime in range(1, min(r, m) + 1) if m % r_prime == 0]
-    found = [V for V in candidates if V is not None and _holds(V, Q)]
+    found = [V for V in candidates if V is not None and _holds(V, Q) and _ranks_at_most(V, r)]
     if not found:
         raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (no construction "
                          "spans it); try a larger rtol or a shorter n")

@@ -623,6 +623,19 @@ def test_thm_rank_limited_heads_no_false_raise_near_a_defective_restriction_behi
     assert lower <= 5 <= upper
 
 
+def test_rank_limited_values_never_returns_maps_of_rank_above_r():
+    # A complex pair with |Im λ| = 4.5e-13 |λ|: the modal construction took it for two real modes
+    # and returned maps of rank 2 at r = 1 (read referee K3); every returned map has rank <= r.
+    e = 5e-13
+    A = np.zeros((3, 3))
+    A[:2, :2] = 0.9 * np.array([[1.0, -e], [e, 1.0]])
+    A[2, 2] = 0.5
+    g = np.random.default_rng(0)
+    ssm = LinearSSM(A, g.standard_normal((3, 3)), g.standard_normal((3, 3)))
+    V = rank_limited_values(ssm, 1, 32)
+    assert all(np.linalg.matrix_rank(v, tol=1e-10 * np.linalg.norm(v, 2)) <= 1 for v in V)
+
+
 def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
     # span{I_4, diag(1, 2, 3, 4)}: k = 2, r = 2 divides m = 4, but the eigenspaces of M⁻¹N have
     # dimension 1, so part 3 fails: H_2 >= 3 (the bounds k and ⌈c/r⌉ give only 2); E_qq: H_2 <= 4.
