@@ -330,10 +330,10 @@ def _modal_values(ssm: LinearSSM, r: int) -> np.ndarray | None:
 def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
     # The tight case, thm-rank-limited-heads part 4: m = the rank of a generic M in the span, and
     # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
-    # of dimension r in one basis (non-commuting, an eigenvalue 1e-3 of the scale off the real axis,
-    # or an eigenspace of a dimension not a multiple of r, with the eigenvalues 1e-3 apart; a
-    # smaller imaginary part can be rounding near a defective K, eps^(1/s) for a block of size s,
-    # and is left undecided). "Not diagonalisable" is
+    # of dimension r in one basis (non-commuting; an eigenvalue off the real axis by the margin
+    # below; or an eigenspace of a dimension not a multiple of r, with the eigenvalues 1e-3
+    # apart; a smaller imaginary part can be rounding near a defective K and is left undecided).
+    # A numerical judgement, not a certificate. "Not diagonalisable" is
     # never reported as a failure: spans arbitrarily close to one whose K is defective have a
     # diagonalisable K (span{I, [[0, 1], [0, t]]}, t → 0), so rounding cannot tell them apart. Returns
     # (m, V, failed): V (m/r, p, d), values of rank <= r whose span holds every Q_b (checked), or
@@ -426,11 +426,12 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     {prf:ref}`thm-rank-limited-heads`, on the lag span 𝓛 of lags ℓ < n (rank rule `rtol`), k = dim 𝓛,
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
     lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
-    clearly (non-commuting restrictions at 1e-6 relative, an eigenvalue 1e-3 of the scale off the
-    real axis, eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
+    clearly (non-commuting restrictions at 1e-6 relative; an eigenvalue off the real axis by
+    max(1e-3, 10 (eps·cond(M)²)^(1/m)) of the scale, the rounding near a defective restriction of
+    size m; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
     cond(M) <= 1e6); a restriction that looks not diagonalisable, or has eigenvalues nearer the
-    real axis, leaves it undecided, which counts as not failing. Near a defective restriction of
-    size >= 6 rounding can exceed these margins (eps^(1/6) ≈ 2e-3). upper = the number of maps `rank_limited_values` builds and checks (parts 2, 4).
+    real axis, leaves it undecided, which counts as not failing. A numerical judgement, not a
+    certificate. upper = the number of maps `rank_limited_values` builds and checks (parts 2, 4).
     lower == upper: H_r is known.
     """
     ssm, n = _check_lti(ssm), check_int(n, "n")
