@@ -352,13 +352,16 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
     mixed = np.einsum("b,bmn->mn", g.standard_normal(len(Q)), K)   # a generic K
     scale = max(float(np.abs(mixed).max()), 1e-300)
     commutators = np.abs(np.einsum("bmn,nk->bmk", K, mixed) - np.einsum("mn,bnk->bmk", mixed, K)).max()
-    lam = np.linalg.eigvals(mixed)
+    lam, vectors = np.linalg.eig(mixed)
     imag = np.abs(lam.imag).max()
-    # Rounding in K is ~eps·cond(M)² of its scale; near a defective K with a block of size <= m
-    # it moves eigenvalues off the real axis by up to about that to the power 1/m: an imaginary
-    # part below ten times that is undecided. (Cluster sizes are judged only once K has a full
-    # set of real eigenvectors, where rounding moves eigenvalues far less.)
-    margin = max(1e-3, 10 * (np.finfo(float).eps * (sigma[0] / sigma[m - 1]) ** 2) ** (1 / m))
+    # Rounding in K is ~eps·cond(M)² of its scale. With well-conditioned computed eigenvectors
+    # (condition κ) it moves eigenvalues by at most about κ times that (Bauer–Fike); near a
+    # defective K (κ huge) by up to its 1/m-th power. An imaginary part below ten times the
+    # smaller of the two is undecided. (Cluster sizes are judged only once K has a full set of
+    # real eigenvectors, where rounding moves eigenvalues far less.)
+    error = np.finfo(float).eps * (sigma[0] / sigma[m - 1]) ** 2
+    bauer_fike = 10 * np.linalg.cond(vectors) * error
+    margin = min(max(1e-3, 10 * error ** (1 / m)), max(bauer_fike, 1e-9))
     if commutators > 1e-6 * scale * np.abs(K).max() or imag > margin * scale:
         return m, None, decidable
     if imag > 1e-6 * scale:
@@ -427,8 +430,9 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
     lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
     clearly (non-commuting restrictions at 1e-6 relative; an eigenvalue off the real axis by
-    max(1e-3, 10 (eps·cond(M)²)^(1/m)) of the scale, the rounding near a defective restriction of
-    size m; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
+    ten times the rounding it could come from: κ·eps·cond(M)² with well-conditioned eigenvectors
+    (κ their condition, Bauer–Fike), at most max(1e-3, (eps·cond(M)²)^(1/m)), the rounding near a
+    defective restriction of size m; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
     cond(M) <= 1e6); a restriction that looks not diagonalisable, or has eigenvalues nearer the
     real axis, leaves it undecided, which counts as not failing. A numerical judgement, not a
     certificate. upper = the number of maps `rank_limited_values` builds and checks (parts 2, 4).
