@@ -1928,9 +1928,7 @@ def mamba2_block_jacobian(block: Any, X: Any, i: int, j: int, *, values: dict | 
     with torch.no_grad():
         P_all = proj(X)
         xBC_all = P_all[:, Din:2 * Din + 2 * G * N]
-        pre_all = X.new_zeros(xBC_all.shape) + (0 if block.conv1d.bias is None else block.conv1d.bias.detach())
-        for k in range(min(K, n)):
-            pre_all = pre_all + F.pad(w[k] * xBC_all[:n - k], (0, 0, k, 0))
+        pre_all = block._convolve(xBC_all[None])[0]                              # the block's own conv
     a, Delta, s_prev = val["a"], val["Delta"], (val["s"][j - 1] if j > 0 else None)
     last = min(i, j + K - 1)
     norm_w = block.norm.weight.detach()
@@ -1947,9 +1945,9 @@ def mamba2_block_jacobian(block: Any, X: Any, i: int, j: int, *, values: dict | 
         dxBC = pj[Din:2 * Din + 2 * G * N] - xBC_all[j]
         v, B, C, D_ = {}, {}, {}, {}
         for m in range(j, last + 1):
-            if True:        # the conv carries x_j to positions j..j+K−1
-                vm, Bm, Cm = F.silu(pre_all[m] + w[m - j] * dxBC).split([Din, G * N, G * N])
-                v[m], B[m], C[m] = vm, Bm.unflatten(-1, (G, N)), Cm.unflatten(-1, (G, N))
+            # the conv carries x_j to positions j..j+K−1
+            vm, Bm, Cm = F.silu(pre_all[m] + w[m - j] * dxBC).split([Din, G * N, G * N])
+            v[m], B[m], C[m] = vm, Bm.unflatten(-1, (G, N)), Cm.unflatten(-1, (G, N))
             D_[m] = F.softplus(pj[2 * Din + 2 * G * N:] + block.dt_bias.detach(), threshold=40.0) if m == j \
                 else Delta[m]
         C_i = C[i] if i <= last else val["C"][i]                               # (G, N)
