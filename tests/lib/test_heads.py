@@ -936,3 +936,21 @@ def test_thm_rank_limited_heads_upper_bound_reached_where_als_alone_crawls(N, d,
     lower, upper = rank_limited_heads(ssm, 1, 12)
     assert lower == upper == min_heads(ssm, 12)
     assert fit_rank_limited_heads(ssm, 12, upper, 1, restarts=6)[0] < 1e-6
+
+
+def test_thm_rank_limited_heads_s5_layers_with_two_states_decided_by_their_lag_pencil():
+    # The narrow-heads page's 12-seed sweep: an S5 layer with N = 2 and a skip at d = 8 has a full-rank
+    # L_0, so only H = d heads of rank one can work (part 2), and they do iff L_0⁻¹L_1 (commuting with
+    # L_0⁻¹L_2) has real eigenvalues (part 4). Independent route: the eigenvalues of L_0⁻¹L_1 from the
+    # lags themselves; both verdicts occur among these seeds, and every seed is decided.
+    verdicts = {True: 0, False: 0}
+    for seed in range(12):
+        L = SharedStateSSM.random(8, 2, seed=seed).lags(3).detach().numpy()
+        lam = np.linalg.eigvals(np.linalg.solve(L[0], L[1]))
+        lam = lam[np.abs(lam) > 1e-8 * np.abs(lam).max()]
+        real = bool(np.all(np.abs(lam.imag) < 1e-8 * np.abs(lam)))
+        assert real or np.all(np.abs(lam.imag) > 0.1 * np.abs(lam))   # clearly one or the other
+        lower, upper = rank_limited_heads(SharedStateSSM.random(8, 2, seed=seed), 1, 16)
+        assert (upper <= 8) == real and (lower > 8) == (not real), seed
+        verdicts[real] += 1
+    assert verdicts[True] > 0 and verdicts[False] > 0
