@@ -20,6 +20,7 @@ from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batche
                  fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
                  rank_limited_heads, rank_limited_values, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
+from lib.spans import rank
 from lib.heads import _modal_values, _outer_basis, _split  # part 2's constructions, one by one
 
 
@@ -129,12 +130,19 @@ def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
     singular value), so badly scaled or nearly parallel maps are fine.
     """
     G = _weighted_lags(ssm, n)
-    V = values.reshape(len(values), -1).T  # (pd, H)
+    V = np.asarray(values).reshape(len(values), ssm.p * ssm.d).T  # (pd, H)
     if V.size == 0 or not np.abs(V).max() > 0:
         return float((G ** 2).sum())
     left, sigma, _ = np.linalg.svd(V / np.abs(V).max(), full_matrices=False)
     basis = left[:, sigma > 1e-13 * sigma[0]]
     return float(((G - (G @ basis) @ basis.T) ** 2).sum())
+
+
+def output_relative_error(ssm: Any, n: int, values: np.ndarray) -> float:
+    """(Σ_i E‖y_i − ŷ_i‖² / Σ_i E‖y_i‖²)^½ of heads with value maps V (H, p, d) and the best
+    input-independent coefficients, on white tokens: `value_span_error` over its H = 0 value (the
+    relative error of the framework's convention; 0 iff every lag lies in span{V_h})."""
+    return math.sqrt(value_span_error(ssm, n, values) / value_span_error(ssm, n, np.zeros((0, ssm.p, ssm.d))))
 
 
 def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: int = 50, seed: Any = 0,
@@ -182,6 +190,11 @@ def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
     return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
 
 
+def _rank(M: np.ndarray) -> int:
+    # lib's rank rule (1e-10 relative to σ_1), the one rank_limited_heads uses
+    return rank(np.linalg.svd(M, compute_uv=False), 1e-10)
+
+
 def construction_misses(ssm: Any, n: int, r: int) -> dict:
     """Each upper-bound construction of {prf:ref}`thm-rank-limited-heads` part 2, checked on its own.
 
@@ -196,9 +209,8 @@ def construction_misses(ssm: Any, n: int, r: int) -> dict:
     Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
     out: dict = {}
     if len(Q):
-        ranks = [int(np.linalg.matrix_rank(q, tol=1e-10 * np.abs(q).max())) for q in Q]
-        k_col = int(np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)))
-        k_row = int(np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)))
+        ranks = [_rank(q) for q in Q]
+        k_col, k_row = _rank(np.concatenate(list(Q), axis=1)), _rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1))
         for name, V, count in [("split", _split(Q, r, 1e-10), sum(-(-m // r) for m in ranks)),
                                ("outer", _outer_basis(Q, 1e-10), k_col * k_row)]:
             out[name] = (len(V), count, _lags_residual(ssm, n, V, r))
@@ -237,8 +249,8 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     """
     k = min_heads(ssm, n)
     Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
-    k_col = np.linalg.matrix_rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
-    k_row = np.linalg.matrix_rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
+    k_col = _rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
+    k_row = _rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
     lower, upper = rank_limited_heads(ssm, r, n)
     row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper,
                built=built_values_residual(ssm, n, r), floor=None, below=None,

@@ -327,7 +327,7 @@ def _modal_values(ssm: LinearSSM, r: int) -> np.ndarray | None:
     return np.array(values).reshape(len(values), C.shape[0], B.shape[1])
 
 
-def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray | None, bool]:
+def _scalar_blocks(Q: np.ndarray, r: int, rtol: float, spread: float = 1.0) -> tuple[int, np.ndarray | None, bool]:
     # The tight case, thm-rank-limited-heads part 4: m = the rank of a generic M in the span, and
     # whether the restrictions K_b of M⁺Q_b to row(M) fail, clearly, to be block-scalar with blocks
     # of dimension r in one basis (non-commuting; an eigenvalue off the real axis by the margin
@@ -338,7 +338,8 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
     # diagonalisable K (span{I, [[0, 1], [0, t]]}, t → 0), so rounding cannot tell them apart. Returns
     # (m, V, failed): V (m/r, p, d), values of rank <= r whose span holds every Q_b (checked), or
     # None. The K_b carry M⁺, whose rounding grows like cond(M) = σ_1/σ_m: above 1e6 the test never
-    # reports "failed" (undecided, no claim either way); a V is still built and checked.
+    # reports "failed" (undecided, no claim either way); a V is still built and checked. spread =
+    # σ_1/σ_k of the lag matrix: the computed basis Q_b is off by ~eps·spread, which M⁺ multiplies.
     g = np.random.default_rng(0)
     M = np.einsum("b,bpd->pd", g.standard_normal(len(Q)), Q)
     U, sigma, Wt = np.linalg.svd(M)
@@ -354,15 +355,16 @@ def _scalar_blocks(Q: np.ndarray, r: int, rtol: float) -> tuple[int, np.ndarray 
     commutators = np.abs(np.einsum("bmn,nk->bmk", K, mixed) - np.einsum("mn,bnk->bmk", mixed, K)).max()
     lam, vectors = np.linalg.eig(mixed)
     imag = np.abs(lam.imag).max()
-    # Rounding in K is ~eps·cond(M)² of its scale. With well-conditioned computed eigenvectors
-    # (condition κ) it moves eigenvalues by at most about κ times that (Bauer–Fike); near a
-    # defective K (κ huge) by up to its 1/m-th power. An imaginary part below ten times the
-    # smaller of the two is undecided. (Cluster sizes are judged only once K has a full set of
-    # real eigenvectors, where rounding moves eigenvalues far less.)
-    error = np.finfo(float).eps * (sigma[0] / sigma[m - 1]) ** 2
+    # Rounding in K is ~eps·cond(M)·(cond(M) + spread) of its scale (M⁺ twice; the basis once).
+    # With well-conditioned computed eigenvectors (condition κ) it moves eigenvalues by at most
+    # about κ times that (Bauer–Fike); near a defective K (κ huge) by up to its 1/m-th power. An
+    # imaginary part below ten times the smaller of the two is undecided. (Cluster sizes are judged
+    # only once K has a full set of real eigenvectors, where rounding moves eigenvalues far less.)
+    cond = sigma[0] / sigma[m - 1]
+    error = np.finfo(float).eps * cond * (cond + spread)
     bauer_fike = 10 * np.linalg.cond(vectors) * error
     margin = min(max(1e-3, 10 * error ** (1 / m)), max(bauer_fike, 1e-9))
-    if commutators > 1e-6 * scale * np.abs(K).max() or imag > margin * scale:
+    if commutators > max(1e-6, 10 * error) * scale * np.abs(K).max() or imag > margin * scale:
         return m, None, decidable
     if imag > 1e-6 * scale:
         return m, None, False                                       # undecided
@@ -414,8 +416,10 @@ def rank_limited_values(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> np.nda
         candidates.append(_split(np.stack(chosen).reshape(k, ssm.p, ssm.d), r, rtol))
     if isinstance(ssm, LinearSSM):  # lags exactly C A^ℓ B (no skip D)
         candidates.append(_modal_values(ssm, r))
-    m = _scalar_blocks(Q, 1, rtol)[0]
-    candidates += [_scalar_blocks(Q, r_prime, rtol)[1] for r_prime in range(1, min(r, m) + 1) if m % r_prime == 0]
+    spread = span.singular_values[0] / span.singular_values[k - 1]
+    m = _scalar_blocks(Q, 1, rtol, spread)[0]
+    candidates += [_scalar_blocks(Q, r_prime, rtol, spread)[1] for r_prime in range(1, min(r, m) + 1)
+                   if m % r_prime == 0]
     found = [V for V in candidates if V is not None and _holds(V, Q) and _ranks_at_most(V, r)]
     if not found:
         raise ValueError(f"the lag span is numerically ill-determined at rtol = {rtol:g} (no construction "
@@ -430,9 +434,10 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
     lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
     clearly (non-commuting restrictions at 1e-6 relative; an eigenvalue off the real axis by
-    ten times the rounding it could come from: κ·eps·cond(M)² with well-conditioned eigenvectors
-    (κ their condition, Bauer–Fike), at most max(1e-3, (eps·cond(M)²)^(1/m)), the rounding near a
-    defective restriction of size m; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
+    ten times the rounding it could come from: κ·ρ with well-conditioned eigenvectors (κ their
+    condition, Bauer–Fike), at most max(1e-3, ρ^(1/m)), the rounding near a defective restriction
+    of size m, where ρ = eps·cond(M)·(cond(M) + σ_1/σ_k) counts M⁺ and the computed basis of the
+    lag span, singular values σ_1..σ_k; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
     cond(M) <= 1e6); a restriction that looks not diagonalisable, or has eigenvalues nearer the
     real axis, leaves it undecided, which counts as not failing. A numerical judgement, not a
     certificate. upper = the number of maps `rank_limited_values` builds and checks (parts 2, 4).
@@ -447,7 +452,7 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     c = _flat_rank(Q, rtol)
     q = _flat_rank(Q.transpose(0, 2, 1), rtol)
     lower = max(k, -(-c // r), -(-q // r))
-    m, _, failed = _scalar_blocks(Q, r, rtol)
+    m, _, failed = _scalar_blocks(Q, r, rtol, span.singular_values[0] / span.singular_values[k - 1])
     if failed and m % r == 0 and lower == m // r:
         lower += 1
     upper = len(rank_limited_values(ssm, r, n, rtol))

@@ -32,6 +32,7 @@ from experiments.head_count import (
     nonsingular_dimension_bounds,
     nonsingular_values,
     operator_head_errors,
+    output_relative_error,
     pointwise_lag_rank,
     polynomial_values,
     rank_limited_head_error,
@@ -54,6 +55,7 @@ from experiments.head_count import (
 )
 from lib import (
     LinearSSM,
+    fit_rank_limited_heads,
     RelativeHeads,
     SoftmaxAttention,
     apply_operator,
@@ -635,6 +637,22 @@ def test_prop_rank_limited_heads_value_span_error_is_least_squares():
     residual = ((lags - (V.reshape(2, -1).T @ coef).T) ** 2).sum(1)
     assert value_span_error(ssm, n, V) == pytest.approx((np.arange(n, 0, -1) * residual).sum(), rel=1e-10)
     assert value_span_error(ssm, n, np.zeros((1, 2, 3))) == pytest.approx(optimal_head_errors(ssm, n, 0)[0])
+
+
+def test_output_relative_error_against_the_optimal_heads_and_the_fit():
+    # Two other routes: the least error of H free heads (thm-approx-head-count, from the singular
+    # values), reached by the top H right singular vectors of the weighted lags; and the error
+    # fit_rank_limited_heads(weighted=True) reports for its own value maps (lib's _span_error).
+    ssm, n = LinearSSM.random(3, 2, 3, seed=1), 11
+    least = optimal_head_errors(ssm, n, 3)
+    G = np.sqrt(np.arange(n, 0, -1))[:, None] * lags_np(ssm, n).reshape(n, -1)
+    top = np.linalg.svd(G)[2]
+    for H in range(4):
+        error = output_relative_error(ssm, n, top[:H].reshape(H, 3, 2))
+        assert error ** 2 == pytest.approx(least[H] / least[0], rel=1e-8, abs=1e-14)
+    e, V = fit_rank_limited_heads(ssm, n, 2, 1, weighted=True, restarts=2)
+    assert output_relative_error(ssm, n, V) == pytest.approx(e, rel=1e-6)
+    assert output_relative_error(ssm, n, np.zeros((0, 3, 2))) == 1.0
 
 
 def test_prop_rank_limited_heads_damped_rotation_closed_forms():
