@@ -2279,5 +2279,13 @@ def test_block_helpers_read_what_they_say():
     assert row["reach from g(4)"] == 3 + read_profile(exact[3:], 1e-3).reach <= 8
     assert np.isclose(row["g(n−1)/g(4)"], exact[8] / exact[4], rtol=1e-10) and row["exact vs autograd"] < 1e-10
     assert np.isclose(row["max |g(2..3)/g(1) − 1|"], np.abs(exact[2:4] / exact[1] - 1).max(), rtol=1e-10)
+    # larger steps: the profile falls below eps·g(4) inside the sequence, so the reaches are read off
+    # the estimate, not settled by the exact end point
+    fast, X = MambaBlock(4, d_state=3, seed=0, dt_min=0.5, dt_max=2.0), np.random.default_rng(0).standard_normal((20, 4))
+    exact = jacobian_norms(fast, X, 19)[::-1]
+    for eps in (1e-3, 0.1):  # thresholds not within the estimate's few % of a profile value
+        row = block_reach_row(fast, X, probes=2000, eps=eps)[1]
+        assert row["reach from g(4)"] == 3 + read_profile(exact[3:], eps).reach < 19
+        assert row["reach from g(1)"] == read_profile(exact, eps).reach < 19
     table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
     assert len(table) == 3 + 2 * 2 and not table["input"].str.contains("lag 20").any()
