@@ -28,7 +28,6 @@ from lib.scan import fft_causal_conv
 from lib.spans import _coefficient_span, rank
 
 from .blocks import heads_at  # H_ε of a span's singular values (prop-channel-span, part 3)
-from .blocks import without_skip as _without_block_skip  # a Mamba block with D_skip = 0
 
 # -- data --------------------------------------------------------------------------------------
 
@@ -735,10 +734,10 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     """
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
-        with torch.no_grad():  # the coefficients once; the scan's with the skip set to zero
-            X_m = torch.from_numpy(inputs).to(layer.dtype)
-            g = layer.coefficients(X_m).to(torch.float64)
-            g_scan = _without_block_skip(layer).coefficients(X_m).to(torch.float64)
+        with torch.no_grad():  # the coefficients' pieces once; the scan's: the skip's term δ_im D σ(c_m) removed
+            P, s, c = layer._pieces(torch.from_numpy(inputs).to(layer.dtype))
+            skip = torch.eye(P.shape[1], dtype=P.dtype)[None, :, :, None] * layer.D * torch.sigmoid(c)[:, None]
+            g, g_scan = (layer._combine(pieces, s).to(torch.float64) for pieces in (P, P - skip))
             U, V = (t.detach().to(torch.float64) for t in layer.factors())
         i, j = torch.tril_indices(g.shape[1], g.shape[1])
         lag, g, g_scan = i - j, g[:, i, j], g_scan[:, i, j]  # (b, pairs, D)
