@@ -714,36 +714,55 @@ def head_counts(layer: Any, n: int, epsilons: Sequence[float], moments: tuple[An
 def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[float], rtol: float = 1e-10) -> list[dict]:
     """The head count of every mixing layer (a `MambaBlock`) of a classifier at its inputs on X (b, n, in_width).
 
-    Layer m is read at what it receives on X (after its LayerNorm, `layer_inputs`), by
-    `channel_span` ({prf:ref}`prop-channel-span`): one row per block with "block" (1-based),
-    "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X" (the span's dimension, rule rtol),
-    "rank Γ", "H ε=…" (`experiments.blocks.heads_at`: the unweighted operator-block error of
-    part 3, every pair j <= i), "within window H ε=…" (the same on the pairs 0 <= i − j < d_conv,
-    inside the convolution's window, where the skip acts), "beyond window H ε=…" (the pairs
-    i − j >= d_conv: `channel_span(..., min_lag=d_conv)`; None if n <= d_conv), "beyond window
-    energy" (Σσ² of the pairs beyond the window over Σσ² of all pairs: Σσ²(ΓΩ^½) = Σ ‖𝒲_ij‖_F²,
-    the share of the operator's squared Frobenius norm at lags >= d_conv; 0.0 if n <= d_conv) and
-    "λmin(Ω)/λmax(Ω)". The count is that of the linear part 𝒲 of the block; the offset β
-    (conv bias, `block_offsets`) is not a head.
+    Layer m is read at what it receives on X (after its LayerNorm, `layer_inputs`), by the span of
+    {prf:ref}`prop-channel-span` (`channel_span`'s, from one computation of the coefficients): one
+    row per block with "block" (1-based), "channels D", "rows of Γ" (b · n(n+1)/2), "heads at X"
+    (the span's dimension, rule rtol), "rank Γ", "H ε=…" (`experiments.blocks.heads_at`: the
+    unweighted operator-block error of part 3, every pair j <= i), "within window H ε=…" (the same
+    on the pairs 0 <= i − j < d_conv, inside the convolution's window, where the skip acts),
+    "beyond window H ε=…" (the pairs i − j >= d_conv, as `channel_span(..., min_lag=d_conv)`; None
+    if n <= d_conv), "beyond window energy" (Σσ² of the pairs beyond the window over Σσ² of all
+    pairs: Σσ²(ΓΩ^½) = Σ ‖𝒲_ij‖_F², the share of the operator's squared Frobenius norm at lags
+    >= d_conv; 0.0 if n <= d_conv), "scan share" (Σ ‖𝒲^scan_ij‖_F² over Σ ‖𝒲_ij‖_F², all pairs;
+    𝒲^scan the operator of the same block with its skip D_skip = 0: g is linear in ψ, so
+    g = g^scan + g^skip exactly, and the two parts interfere within the window, so the shares of
+    the scan and the skip need not add to 1), "scan beyond window share" (Σ ‖𝒲^scan_ij‖_F² at lags
+    >= d_conv over all pairs: how far the scan's own operator reaches; 0.0 if n <= d_conv) and
+    "λmin(Ω)/λmax(Ω)". Beyond the window the skip does not act (𝒲 = 𝒲^scan there), so
+    "beyond window energy" = "scan share" × "scan beyond window share". The count is that of the
+    linear part 𝒲 of the block; the offset β (the additive biases, `block_offsets`) is not a head.
     """
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
-        span = channel_span(layer, inputs, rtol)
-        far = channel_span(layer, inputs, rtol, min_lag=layer.d_conv) if inputs.shape[1] > layer.d_conv else None
-        with torch.no_grad():  # the pairs inside the window: lib's span of those coefficient rows
-            g = layer.coefficients(torch.from_numpy(inputs).to(layer.dtype)).to(torch.float64)
-            i, j = torch.tril_indices(g.shape[1], g.shape[1])
-            inside = (i - j) < layer.d_conv
-            near = _coefficient_span(g[:, i[inside], j[inside]].reshape(-1, g.shape[-1]), *layer.factors(), rtol)
+        with torch.no_grad():  # the coefficients' pieces once; the scan's: the skip's term δ_im D σ(c_m) removed
+            P, s, c = layer._pieces(torch.from_numpy(inputs).to(layer.dtype))
+            skip = torch.eye(P.shape[1], dtype=P.dtype)[None, :, :, None] * layer.D * torch.sigmoid(c)[:, None]
+            g, g_scan = (layer._combine(pieces, s).to(torch.float64) for pieces in (P, P - skip))
+            U, V = (t.detach().to(torch.float64) for t in layer.factors())
+        i, j = torch.tril_indices(g.shape[1], g.shape[1])
+        lag, g, g_scan = i - j, g[:, i, j], g_scan[:, i, j]  # (b, pairs, D)
+        inside, beyond = lag < layer.d_conv, lag >= layer.d_conv
+        span, near = (_coefficient_span(g[:, keep].reshape(-1, g.shape[-1]), U, V, rtol)
+                      for keep in (lag >= 0, inside))
+        far = _coefficient_span(g[:, beyond].reshape(-1, g.shape[-1]), U, V, rtol) if beyond.any() else None
+        omega = (U.T @ U) * (V @ V.T)  # ‖U diag(h) V‖_F² = hᵀ Ω h
+
+        def energy(h):
+            return float(torch.einsum("bpq,qr,bpr->", h, omega, h))
+
         lam, b, n = span.gram_eigenvalues, inputs.shape[0], inputs.shape[1]
-        energy = 0.0 if far is None else float((far.singular_values ** 2).sum() / (span.singular_values ** 2).sum())
+        total = float((span.singular_values ** 2).sum())
+        energy_far = 0.0 if far is None else float((far.singular_values ** 2).sum() / total)
+        scan = energy(g_scan)
         rows.append({"block": m + 1, "channels D": len(lam), "rows of Γ": b * n * (n + 1) // 2,
                      "heads at X": span.dim, "rank Γ": rank(span.coefficient_singular_values, rtol)}
                     | {f"H ε={e:g}": heads_at(span.singular_values, e) for e in epsilons}
                     | {f"within window H ε={e:g}": heads_at(near.singular_values, e) for e in epsilons}
                     | {f"beyond window H ε={e:g}": None if far is None else heads_at(far.singular_values, e)
                        for e in epsilons}
-                    | {"beyond window energy": energy, "λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
+                    | {"beyond window energy": energy_far, "scan share": scan / total,
+                       "scan beyond window share": energy(g_scan[:, beyond]) / scan,
+                       "λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
 
@@ -753,12 +772,14 @@ def block_offsets(model: SequenceClassifier, X: Any) -> list[dict]:
 
     y is the block's forward (the selective scan); Σ_j 𝒲_ij x_j = U Σ_j g_ij(X) ⊙ (V x_j) from the
     block's `coefficients` and `factors` (the dense `operator` applied, without forming it), β the
-    block's `offset` (from the conv bias). One row per
+    block's `offset` (from the additive biases: here the conv's). One row per
     block: "block", "identity error" (`relative_error` of Σ𝒲x + β against y: rounding if the
     coefficients and the offset are the block's: it sees an error that changes Σ𝒲x, not one that
     leaves it unchanged), "offset ratio" ‖β‖/‖y‖ and "linear ratio" ‖Σ𝒲x‖/‖y‖ (Frobenius norms over
     the images, positions and channels; norms of the two parts of a sum, so they need not add to 1
-    and either can exceed 1). The split 𝒲/β is that of {prf:ref}`prop-mamba-block`: every bias in β."""
+    and either can exceed 1). The split 𝒲/β is that of {prf:ref}`prop-mamba-block`: the additive biases
+    (the in-projection's on the scan's branch, the conv's, the out-projection's) in β; the step bias
+    (dt_proj.bias, inside the softplus) and the gate's stay in the coefficients."""
     rows = []
     for m, (layer, inputs) in enumerate(zip(model.layers, model.layer_inputs(X))):
         with torch.no_grad():
@@ -777,8 +798,10 @@ def dense_span_check(model: SequenceClassifier, X: Any, rtol: float = 1e-10) -> 
     """Each mixing layer's span at its inputs on X (b, n, in_width) by two linear-algebra routes
     from the same coefficients: `channel_span` (Γ Ω^½, no operator formed) and `interaction_span`
     on the dense operator 𝒲 = U diag(g) V (b, n, n, d, d), both from the block's `coefficients`.
-    It checks part 2 of {prf:ref}`prop-channel-span` (the Gram identity), not the coefficients
-    (`block_offsets` does, against the forward).
+    It checks part 2 of {prf:ref}`prop-channel-span` (the Gram identity), not the coefficients:
+    `block_offsets` checks their sum with the offset, Σ𝒲x + β, against the forward (blind to
+    coefficient errors that leave that sum unchanged), and tests/lib/test_blocks.py checks the
+    coefficients themselves.
 
     One row per block: "block", "heads at X" and "dense" (the two dimensions), "σ error" (max
     |σ_q − σ_q^dense| / σ_1 over the D values) and "dense σ_D+1/σ_1" (what the dense route has

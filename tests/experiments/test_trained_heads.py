@@ -676,6 +676,7 @@ def test_mamba_classifier_layers_are_mamba_blocks_at_their_initialisation():
 
 @pytest.mark.parametrize("singular_K", [False, True])  # True: Ω singular (fixed in channel_span)
 def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
+    from experiments.blocks import spans_by_lag
     from experiments.trained_heads import block_head_counts
 
     model = as_float64(classifier("mamba", 4, state=2, seed=1))
@@ -710,6 +711,18 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
         energy = [(dense_blocks(layer, inputs, *lags) ** 2).sum() for lags in ((layer.d_conv,), ())]
         assert row["beyond window energy"] == pytest.approx(energy[0] / energy[1], rel=1e-10)
         assert energy[0] > 1e-3 * energy[1]
+        scan_only = copy.deepcopy(layer)  # the scan's part: the dense operator with D_skip = 0
+        with torch.no_grad():
+            scan_only.D.zero_()
+        scan = [(dense_blocks(scan_only, inputs, *lags) ** 2).sum() for lags in ((layer.d_conv,), ())]
+        assert row["scan share"] == pytest.approx(scan[1] / energy[1], rel=1e-10)
+        assert row["scan beyond window share"] == pytest.approx(scan[0] / scan[1], rel=1e-10)
+        assert scan[0] == pytest.approx(energy[0], rel=1e-12)  # beyond the window the skip does not act
+        assert 1e-3 < row["scan share"] < 0.9  # the skip's part matters here, so D_skip = 0 is seen
+        # and the skip's part subtracted by its closed form (experiments.blocks), one sequence
+        _, skip = spans_by_lag(layer, torch.from_numpy(inputs[0]))
+        one = block_head_counts(model, X[:1], epsilons)[row["block"] - 1]
+        assert one["scan share"] == pytest.approx(skip["scan share"], rel=1e-10)
         for prefix, t in tail.items():
             for e in epsilons:
                 H = row[f"{prefix} ε={e:g}"]
@@ -727,6 +740,7 @@ def test_block_head_counts_beyond_the_window_need_a_pair_there():
     short = block_head_counts(model, np.random.default_rng(2).random((1, 4, 1)), [0.1])  # n = d_conv: no pair
     assert all(row["beyond window H ε=0.1"] is None and row["H ε=0.1"] >= 1 for row in short)
     assert all(row["beyond window energy"] == 0.0 and row["within window H ε=0.1"] == row["H ε=0.1"] for row in short)
+    assert all(row["scan beyond window share"] == 0.0 and row["scan share"] > 0 for row in short)
     longer = block_head_counts(model, np.random.default_rng(2).random((1, 5, 1)), [0.1])  # one pair per block
     assert all(row["beyond window H ε=0.1"] == 1 for row in longer)
 
