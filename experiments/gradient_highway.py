@@ -1730,13 +1730,16 @@ class AlibiCheck:
     sharp_ratio: the same against e^{−m_h(i−j) + s^h_ij − s^h_ii}; jacobian_ratio: max over j < i of
     ‖J_ij‖₂ / (its bound) at the query `i`; identity_error: max over heads, i and j < i of
     |α^h_ij / (α^h_ii e^{−m_h(i−j) + s^h_ij − s^h_ii}) − 1|, part 1's identity checked two-sided (the
-    ratios are one-sided: slopes steeper than `slopes` keep them <= 1, but not this error near 0).
+    ratios are one-sided: slopes steeper than `slopes` keep them <= 1, but not this error near 0);
+    formula_error: max over j < i of ‖J_ij − Σ_h α^h_ij V_h[I + (x_j − x̄^h_i)g_hᵀ]‖_F / ‖J_ij‖_F at the query
+    `i`, autograd against part 2's Jacobian formula with α^h from the content scores and `slopes` (two-sided).
     """
 
     weight_ratio: float
     sharp_ratio: float
     jacobian_ratio: float
     identity_error: float
+    formula_error: float
 
 
 def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None = None) -> AlibiCheck:
@@ -1772,9 +1775,16 @@ def alibi_check(attention: SoftmaxAttention, X: Any, slopes: Any, i: int | None 
         spread = torch.cdist(X[: i + 1], X[: i + 1]).max(1).values           # max_t ‖x_j − x_t‖, t <= i
         Vn = torch.linalg.matrix_norm(V, ord=2)
         bound = (sharp[:, i, : i + 1].clamp(max=1) * (Vn[:, None] * (1 + torch.linalg.vector_norm(g, dim=1)[:, None] * spread))).sum(0)
+        # part 2's formula J_ij = Σ_h α^h_ij V_h[I + (x_j − x̄^h_i) g_hᵀ], weights from s and `slopes` alone
+        a = torch.softmax(s[:, i, : i + 1] - m[:, None] * torch.arange(i, -1, -1, dtype=s.dtype), dim=-1)
+        spread_h = X[None, : i + 1] - (a @ X[: i + 1])[:, None]                # x_j − x̄^h_i, (H, i + 1, d)
+        formula = (torch.einsum("ht,hpd->tpd", a, V)
+                   + torch.einsum("ht,hpd,htd,he->tpe", a, V, spread_h, g)).numpy()
     J = jacobian_blocks(attention, X.numpy(), i)                              # (i + 1, p, d)
     Jn = np.linalg.norm(J, ord=2, axis=(1, 2))
-    return AlibiCheck(weight_ratio, sharp_ratio, float((Jn[:i] / bound.numpy()[:i]).max()), identity_error)
+    gap = np.linalg.norm(J[:i] - formula[:i], axis=(1, 2)) / np.linalg.norm(J[:i], axis=(1, 2))
+    return AlibiCheck(weight_ratio, sharp_ratio, float((Jn[:i] / bound.numpy()[:i]).max()), identity_error,
+                      float(gap.max()))
 
 
 def planted_alibi_input(attention: SoftmaxAttention, n: int, lag: int, *, head: int = 0, radius: float | None = None,
@@ -2037,7 +2047,8 @@ def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 
 
 
 ALIBI_COLUMNS = {"weight_ratio": "α / e^{−mℓ+ω}", "sharp_ratio": "α / e^{−mℓ+s_ij−s_ii}",
-                 "jacobian_ratio": "‖J‖ / bound 2", "identity_error": "|α / (α_ii e^{−mℓ+s_ij−s_ii}) − 1|"}
+                 "jacobian_ratio": "‖J‖ / bound 2", "identity_error": "|α / (α_ii e^{−mℓ+s_ij−s_ii}) − 1|",
+                 "formula_error": "J vs formula 2"}
 
 
 def alibi_battery(attention: SoftmaxAttention, slopes: Any, n: int, rng: np.random.Generator, *,
@@ -2097,8 +2108,9 @@ def alibi_weight_limit(two_S: float, slope: float, D: int) -> float:
     beta, D = float(slope), int(D)
     if D == 0:
         return 1.0                                              # no newer key competes
-    log_sum = beta + math.log(math.expm1(beta * D)) - math.log(math.expm1(beta))
-    return 1.0 / (1.0 + math.exp(log_sum - two_S))
+    log_expm1 = lambda x: x + math.log(-math.expm1(-x))         # ln(e^x − 1), x > 0, without overflow
+    log_sum = beta + log_expm1(beta * D) - log_expm1(beta)
+    return 1.0 / (1.0 + math.exp(min(log_sum - two_S, 700.0)))  # 1/(1 + e^700) underflows to ~0 anyway
 
 
 def alibi_gain_limit(two_S: float, slope: float, D: int) -> float:
@@ -2119,12 +2131,23 @@ def alibi_full_strength_reach(two_S: float, slope: float, eps: float) -> int:
     return max(0, math.floor(math.log1p(c * math.expm1(beta) * math.exp(-beta)) / beta))
 
 
+def alibi_binding_distance(two_S: float, slope: float) -> int:
+    """The first D >= 1 at which the sharper bound of {prf:ref}`cor-attention-price` 2, f(min(ᾱ_D, α*))‖V‖₂
+    (`alibi_gain_limit`), is below ‖V‖₂: from there on every input of norm <= R attenuates the key at
+    distance D (the bound falls with D). Compare `alibi_reach`, where the envelope (1 + 2S)e^{2S − βD}
+    falls below ‖V‖₂, which is later."""
+    return alibi_gain_reach(two_S, slope, 1.0) + 1
+
+
 def alibi_gain_reach(two_S: float, slope: float, level: float) -> int:
-    """The largest D >= 0 with `alibi_gain_limit` >= level (0 if none; the limit falls with D)."""
-    lo, hi = 0, max(1, math.ceil(alibi_reach(two_S, slope)) + 1)
+    """The largest D >= 0 with `alibi_gain_limit` >= level (0 if none; the limit falls with D), level > 0."""
+    if not level > 0:
+        raise ValueError(f"level must be > 0; got {level!r}")
     if alibi_gain_limit(two_S, slope, 1) < level:
         return 0
-    lo = 1
+    lo, hi = 1, max(2, math.ceil(alibi_reach(two_S, slope)) + 1)
+    while alibi_gain_limit(two_S, slope, hi) >= level:      # the limit tends to 0: a bracket exists
+        lo, hi = hi, 2 * hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if alibi_gain_limit(two_S, slope, mid) >= level else (lo, mid)

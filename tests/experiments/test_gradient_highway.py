@@ -2289,3 +2289,88 @@ def test_block_helpers_read_what_they_say():
         assert row["reach from g(1)"] == read_profile(exact, eps).reach < 19
     table = alibi_battery(alibi_attention(8, 2, 10, seed=0), alibi_slopes(2), 10, np.random.default_rng(0), lags=(1, 20))
     assert len(table) == 3 + 2 * 2 and not table["input"].str.contains("lag 20").any()
+
+
+# --- Referee M4: part 2 of cor-attention-price with the D newer keys; ALiBi's Jacobian formula ------------
+
+def test_cor_attention_price_part_2_chain_holds_on_bounded_inputs_and_the_weight_bound_is_attained():
+    # α ≤ ᾱ_D ≤ e^{2S}(1 − e^{−β})/(e^{βD} − 1) and ‖J‖ ≤ f(min(ᾱ_D, α*))‖V‖ ≤ (1+2S)ᾱ_D‖V‖ ≤ envelope,
+    # on random and planted inputs of norm R (autograd Jacobians), at every distance D of the last query.
+    base = SoftmaxAttention.random(4, 4, seed=0)
+    n, beta, R = 60, 0.1, 1.5
+    model = gh.with_position_bias(base, -beta * np.arange(n))
+    S, V = gh.score_bound(base, R), np.linalg.norm(arr(base.values()[0]), 2)
+    D = np.arange(n - 1, 0, -1)                                              # j = 0..n−2
+    wl = np.array([gh.alibi_weight_limit(2 * S, beta, d) for d in D])
+    gl = np.array([gh.alibi_gain_limit(2 * S, beta, d) for d in D])
+    closed = np.exp(2 * S) * (1 - np.exp(-beta)) / np.expm1(beta * D)
+    envelope = (1 + 2 * S) * np.exp(2 * S - beta * D)
+    assert np.all(wl <= closed * (1 + 1e-12)) and np.all(gl <= (1 + 2 * S) * wl * (1 + 1e-12))
+    assert np.all((1 + 2 * S) * closed <= envelope * (1 + 1e-12))
+    for k in range(8):
+        X = (planted_key_input(model, n, n - 1, n - 1 - [1, 9, 30, 58][k % 4], strength=50.0, seed=k) if k % 2
+             else np.random.default_rng(k).standard_normal((n, 4)))
+        X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+        alpha = arr(model.weights(torch.from_numpy(X)))[0, n - 1, : n - 1]
+        norms = np.linalg.norm(jacobian_blocks(model, X, n - 1)[: n - 1], 2, axis=(1, 2))
+        assert np.all(alpha <= wl * (1 + 1e-12)) and np.all(norms <= gl * V * (1 + 1e-12))
+    # the 1-d example at j = 0 (1-based 1): the other keys are exactly the D newer ones, α = ᾱ_D, and where
+    # ᾱ_D <= α* = 3/4 (ζ = 1) also ‖J‖ = f(ᾱ_D): the weight bound and the sharper Jacobian bound are attained
+    one_d = gh.with_position_bias(SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]]), -beta * np.arange(40))
+    for i in (1, 5, 39):
+        X = np.ones((i + 1, 1))
+        X[0] = -1.0
+        assert arr(one_d.weights(torch.from_numpy(X)))[0, i, 0] == pytest.approx(
+            gh.alibi_weight_limit(2.0, beta, i), rel=1e-12)
+        if gh.alibi_weight_limit(2.0, beta, i) <= 0.75:
+            assert jacobian_blocks(one_d, X, i)[0, 0, 0] == pytest.approx(gh.alibi_gain_limit(2.0, beta, i), rel=1e-12)
+
+
+def test_alibi_binding_distance_is_the_first_distance_where_the_sharper_bound_is_below_one():
+    small = 2 * gh.score_bound(SoftmaxAttention.random(4, 4, seed=0), 1.5)
+    assert gh.alibi_binding_distance(small, 0.1) == 9                  # the referee's value; D* = 35.5
+    for two_S, beta in ((small, 0.1), (6.0, 0.3), (0.4, 0.05), (0.0, 0.2), (20.0, 1.0)):
+        D1 = gh.alibi_binding_distance(two_S, beta)
+        scan = next(d for d in itertools.count(1) if gh.alibi_gain_limit(two_S, beta, d) < 1)
+        assert D1 == scan and D1 <= math.floor(gh.alibi_reach(two_S, beta)) + 1
+    # large ζ: about ln(1/(1 − e^{−β}))/β before D*, and no overflow at a width-4096 layer's scale
+    two_S, beta = 204.61166012670378, 2.0 ** -8
+    shift = math.log(1 / -math.expm1(-beta)) / beta
+    assert abs(gh.alibi_binding_distance(two_S, beta) - (gh.alibi_reach(two_S, beta) - shift)) < 5
+    assert gh.alibi_binding_distance(1220.4, 0.917) <= math.floor(gh.alibi_reach(1220.4, 0.917)) + 1
+    # gain_reach brackets past D* when it must (small ζ, steep slope, low level)
+    G = gh.alibi_gain_reach(0.01, 3.0, 1e-3)
+    assert G >= 2 and gh.alibi_gain_limit(0.01, 3.0, G) >= 1e-3 > gh.alibi_gain_limit(0.01, 3.0, G + 1)
+    with pytest.raises(ValueError, match="level"):
+        gh.alibi_gain_reach(1.0, 0.1, 0.0)
+
+
+def test_alibi_full_strength_reach_is_below_two_zeta_over_beta_for_every_integer_distance():
+    # ᾱ_D >= 1 − ε, ε <= 1/2, at an integer D >= 1 forces e^{βD} <= Σ_{m<=D} e^{βm} <= e^{2ζ}: βD <= 2ζ < βD*.
+    for two_S, beta, eps in itertools.product((0.0, 1e-3, 0.1, 1.0, 3.0, 10.0, 60.0), (1e-3, 0.01, 0.1, 1.0, 3.0),
+                                              (0.01, 0.1, 0.3, 0.5)):
+        D = gh.alibi_full_strength_reach(two_S, beta, eps)
+        assert D == 0 or (beta * D <= two_S * (1 + 1e-12) and D < gh.alibi_reach(two_S, beta))
+        if D >= 1:
+            assert gh.alibi_weight_limit(two_S, beta, D) >= (1 - eps) * (1 - 1e-12)
+
+
+def _alibi_formula_without_spread(att, X, i):
+    # Σ_h α^h_ij V_h (the formula with the term (x_j − x̄^h_i) g_hᵀ dropped), weights from the layer
+    alpha = arr(att.weights(torch.from_numpy(X)))[:, i, : i + 1]
+    return np.einsum("ht,hpd->tpd", alpha, arr(att.values()))
+
+
+@pytest.mark.parametrize("factor", [1.01, 0.99])
+def test_prop_alibi_attenuation_jacobian_formula_is_checked_two_sided(factor):
+    # Part 2's J_ij = Σ_h α^h_ij V_h[I + (x_j − x̄^h_i)g_hᵀ] against autograd at the last query of an 8-head ALiBi
+    # layer, random and planted inputs; a slope off by 1 % either way, or the spread term dropped, fails it.
+    att, m, n = alibi_attention(16, 8, 24, seed=0), alibi_slopes(8), 24
+    inputs = [np.random.default_rng(1).standard_normal((n, 16)), planted_alibi_input(att, n, 7, head=3, radius=8.0)]
+    for X in inputs:
+        assert alibi_check(att, X, m).formula_error < 1e-12
+        assert alibi_check(att, X, factor * m).formula_error > 1e-3
+        J = jacobian_blocks(att, X, n - 1)[: n - 1]
+        dropped = _alibi_formula_without_spread(att, X, n - 1)[: n - 1]
+        gap = np.linalg.norm(J - dropped, axis=(1, 2)) / np.linalg.norm(J, axis=(1, 2))
+        assert gap.max() > 1e-2
