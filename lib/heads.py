@@ -434,9 +434,9 @@ def rank_limited_heads(ssm: Any, r: int, n: int, rtol: float = 1e-10) -> tuple[i
     c, q = dim Σ col, dim Σ row over 𝓛, m = the largest rank in 𝓛 (of a random element, seed 0):
     lower = max(k, ⌈c/r⌉, ⌈q/r⌉) (part 3), plus one where that equals m/r and part 4's criterion fails
     clearly (non-commuting restrictions at 1e-6 relative; an eigenvalue off the real axis by
-    ten times the rounding it could come from: κ·ρ with well-conditioned eigenvectors (κ their
-    condition, Bauer–Fike), at most max(1e-3, ρ^(1/m)), the rounding near a defective restriction
-    of size m, where ρ = eps·cond(M)·(cond(M) + σ_1/σ_k) counts M⁺ and the computed basis of the
+    more than ten times the rounding it could come from: 10κ·ρ with well-conditioned eigenvectors
+    (κ their condition, Bauer–Fike; at least 1e-9), at most max(1e-3, 10ρ^(1/m)), after the
+    rounding near a defective restriction of size m, where ρ = eps·cond(M)·(cond(M) + σ_1/σ_k) counts M⁺ and the computed basis of the
     lag span, singular values σ_1..σ_k; eigenspaces of the wrong dimension with eigenvalues 1e-3 apart; only when
     cond(M) <= 1e6); a restriction that looks not diagonalisable, or has eigenvalues nearer the
     real axis, leaves it undecided, which counts as not failing. A numerical judgement, not a
