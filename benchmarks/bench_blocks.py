@@ -11,7 +11,9 @@
   `ssd_minimal_discrete`, the reference chunked SSD of mamba_ssm (`modules/ssd_minimal.py`,
   the Mamba-2 paper's Listing 1; a reference listing, not a kernel anyone runs in production),
   restructured below (no einops; C·B formed first, once per group; the heads grouped by group;
-  outputs equal bit for bit to a literal transcription's, which is not timed); both with the same chunk
+  at one group, the setting timed, outputs equal bit for bit to a literal transcription's, which
+  is not timed; with G > 1 groups, head h reading group ⌊hG/H⌋ is this book's generalisation —
+  the listing's einsums sum over the groups there); both with the same chunk
   size (64, the listing's; and 256, Mamba2Block's default, at L = 2048), float32, 8 heads of
   width 64, one group, N = 128. L ∈ {512, 2048, 8192}. Target: ratio ≥ 1 at L ≥ 2048.
 
@@ -49,7 +51,8 @@ def _segsum(x: torch.Tensor) -> torch.Tensor:
 
 def ssd_minimal_discrete(X, A, B, C, block_len):
     """mamba_ssm's reference chunked SSD, restructured: C·B formed first, once per group, and the heads
-    grouped by group (3-operand einsums for the listing's 4-operand one); the same outputs.
+    grouped by group (3-operand einsums for the listing's 4-operand one); the listing's outputs at one
+    group; for G > 1, head h reads group h // (h/g) (the listing sums over groups instead).
     X (b, L, h, p) = Δ·x, A (b, L, h) = Δ·A, B, C (b, L, g, n), g | h (head h reads group h // (h/g));
     L a multiple of block_len. Returns Y (b, L, h, p)."""
     b, L, h, p = X.shape
