@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import numpy as np
 import torch
 
@@ -47,6 +49,19 @@ def heads_at(singular_values: np.ndarray, eps: float) -> int:
     Σ_{q>H} σ_q² <= eps Σ_q σ_q² ({prf:ref}`prop-channel-span`, part 3)."""
     errors = _tails(np.asarray(singular_values, dtype=float) ** 2, len(singular_values))
     return int(np.argmax(errors <= eps * errors[0]))
+
+
+def perturbed_heads_bracket(part_sigma: np.ndarray, rest_energy: float, total_energy: float,
+                            eps: float) -> tuple[int, int]:
+    """Bounds on H_ε of W = A + E from A's singular values (A = the rows of one part, e.g. the skip's,
+    over the same pairs), ‖E‖_F² = rest_energy and ‖W‖_F² = total_energy: with t_A(H) = Σ_{q>H} σ_q(A)²
+    and e = ‖E‖_F, the best rank-H error of W is within e of √t_A(H) (triangle inequality, Eckart–Young),
+    so H_ε(W) lies in [min{H: √t_A(H) − e <= √(ε‖W‖²)}, min{H: √t_A(H) + e <= √(ε‖W‖²)}]."""
+    tails = np.sqrt(_tails(np.asarray(part_sigma, dtype=float) ** 2, len(part_sigma)))
+    e, limit = math.sqrt(rest_energy), math.sqrt(eps * total_energy)
+    lower = int(np.argmax(tails - e <= limit))
+    upper = int(np.argmax(tails + e <= limit)) if tails[-1] + e <= limit else len(part_sigma)  # W has as many
+    return lower, upper
 
 
 def count_row(span: Any, pairs: int, epsilons: list[float], rtol: float = 1e-10) -> dict:

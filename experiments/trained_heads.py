@@ -776,8 +776,8 @@ def block_offsets(model: SequenceClassifier, X: Any) -> list[dict]:
     block: "block", "identity error" (`relative_error` of Σ𝒲x + β against y: rounding if the
     coefficients and the offset are the block's: it sees an error that changes Σ𝒲x, not one that
     leaves it unchanged), "offset ratio" ‖β‖/‖y‖ and "linear ratio" ‖Σ𝒲x‖/‖y‖ (Frobenius norms over
-    the images, positions and channels; norms of the two parts of a sum, so they need not add to 1
-    and either can exceed 1). The split 𝒲/β is that of {prf:ref}`prop-mamba-block`: the additive biases
+    the images, positions and channels; norms of the two parts of a sum: they add to at least 1,
+    their squares to 1 only for orthogonal parts, and either can exceed 1). The split 𝒲/β is that of {prf:ref}`prop-mamba-block`: the additive biases
     (the in-projection's on the scan's branch, the conv's, the out-projection's) in β; the step bias
     (dt_proj.bias, inside the softplus) and the gate's stay in the coefficients."""
     rows = []

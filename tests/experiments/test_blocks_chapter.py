@@ -298,3 +298,29 @@ def test_count_row_tells_rank_gamma_from_the_head_count_when_omega_is_singular()
     s = np.linalg.svd(gamma, compute_uv=False)
     assert row["rank Γ"] == int((s > 1e-10 * s[0]).sum()) == 16
     assert row["heads at X"] == row["rank Γ"] - 1
+
+
+def test_perturbed_heads_bracket_holds_and_is_tight():
+    # W = A + E with A of known singular values and E of known Frobenius norm: H_ε(W) (heads_at on W's
+    # own singular values) lies in the bracket, for perturbations in random and in adversarial
+    # directions (E inside A's tail, where it lifts the count most; E along A's top directions).
+    from experiments.blocks import perturbed_heads_bracket
+    rng = np.random.default_rng(0)
+    U, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+    Vt, _ = np.linalg.qr(rng.standard_normal((30, 30)))
+    sigma = np.geomspace(1, 1e-4, 30)
+    A = (U[:, :30] * sigma) @ Vt
+    for scale in (1e-4, 1e-3, 1e-2):
+        tail = (U[:, 5:30] * sigma[5:]) @ Vt[5:]                  # −tail removes A's small directions
+        for E in (rng.standard_normal((40, 30)), (U[:, 10:30] * 1.0) @ Vt[10:], (U[:, :5] * 1.0) @ Vt[:5], -tail):
+            E = min(scale, np.linalg.norm(E)) * E / np.linalg.norm(E)
+            W = A + E
+            total, s_W = (W ** 2).sum(), np.linalg.svd(W, compute_uv=False)
+            for eps in (1e-2, 1e-4, 1e-6):
+                lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), total, eps)
+                assert lower <= heads_at(s_W, eps) <= upper
+    assert perturbed_heads_bracket(sigma, 0.0, (sigma ** 2).sum(), 1e-4) == (heads_at(sigma, 1e-4),) * 2
+    # extremal: E = −(A's directions beyond 5) leaves W = A_5 of rank 5, far fewer heads than A at 1e-6
+    W = A - tail
+    lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6)
+    assert lower <= heads_at(np.linalg.svd(W, compute_uv=False), 1e-6) == 5 < heads_at(sigma, 1e-6) <= upper

@@ -2374,3 +2374,46 @@ def test_prop_alibi_attenuation_jacobian_formula_is_checked_two_sided(factor):
         dropped = _alibi_formula_without_spread(att, X, n - 1)[: n - 1]
         gap = np.linalg.norm(J - dropped, axis=(1, 2)) / np.linalg.norm(J, axis=(1, 2))
         assert gap.max() > 1e-2
+
+
+def test_cor_attention_price_2_full_strength_beyond_2zeta_over_beta_when_v_lies_along_g():
+    # The 2ζ/β limit on full-strength paths needs ‖VP_g⊥‖ close to ‖V‖. In d = 1 (V along g) a key at
+    # D = 22 > 2ζ/β = 20, on tokens of norm <= 1, passes J = V exactly with α near 1/(2ζ), the other root
+    # of f(α) = 1; it lies below D₁ = 23, where the sharper bound says ‖J‖ < ‖V‖.
+    from experiments.gradient_highway import alibi_binding_distance, with_position_bias
+    zeta, beta, D = 10.0, 1.0, 22
+    head = SoftmaxAttention([[[zeta ** 0.5]]], [[[-zeta ** 0.5]]], [[[1.0]]], [[[1.0]]])   # W_QW_K = −ζ, V = 1
+    att = with_position_bias(head, -beta * np.arange(D + 1))
+
+    def J_and_alpha(c):
+        X = np.ones((D + 1, 1))
+        X[0] = -c                                           # the key at distance D from the last query
+        return jacobian_blocks(att, X, D)[0, 0, 0], att.weights(torch.from_numpy(X))[0, D, 0].item()
+
+    lo, hi = -1.0, 1.0
+    assert (J_and_alpha(lo)[0] - 1) * (J_and_alpha(hi)[0] - 1) < 0   # J = V is bracketed
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (J_and_alpha(mid)[0] - 1) * (J_and_alpha(hi)[0] - 1) < 0 else (lo, mid)
+    J, alpha = J_and_alpha((lo + hi) / 2)
+    assert abs(J - 1) < 1e-10 and alpha < 0.1 and D > 2 * zeta / beta and D < alibi_binding_distance(2 * zeta, beta)
+
+
+def test_block_reach_row_lets_the_exact_end_point_settle_the_reach(monkeypatch):
+    # The estimate may dip below eps at the end where the exact g(n − 1) keeps eps of the reference:
+    # the row then reads n − 1 (and below n − 1 in the opposite case), whatever the estimate says.
+    import experiments.gradient_highway as gh
+    block = _small_block(seed=0)
+    X = np.random.default_rng(0).standard_normal((9, 4))
+    exact = jacobian_norms(block, X, 8)[::-1]
+    assert exact[8] >= 1e-4 * exact[4] and exact[8] >= 1e-4 * exact[1]    # kept at 1e-4, exactly
+    dipped = exact.copy()
+    dipped[6:] = 0.0                                                       # an estimate that drops
+    monkeypatch.setattr(gh, "probe_profile", lambda *args, **kwargs: dipped)
+    row = gh.block_reach_row(block, X, probes=2, eps=1e-4)[1]
+    assert gh.read_profile(dipped, 1e-4).reach == 5 and row["reach from g(1)"] == row["reach from g(4)"] == 8
+    inflated = exact.copy()
+    inflated[8] = 1.0                                                      # an estimate that keeps a lost end
+    monkeypatch.setattr(gh, "probe_profile", lambda *args, **kwargs: inflated)
+    row = gh.block_reach_row(block, X, probes=2, eps=0.99)[1]
+    assert row["reach from g(4)"] <= 7 and row["reach from g(1)"] <= 7
