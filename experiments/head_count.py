@@ -141,7 +141,7 @@ def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
 def output_relative_error(ssm: Any, n: int, values: np.ndarray) -> float:
     """(Σ_i E‖y_i − ŷ_i‖² / Σ_i E‖y_i‖²)^½ of heads with value maps V (H, p, d) and the best
     input-independent coefficients, on white tokens: `value_span_error` over its H = 0 value (the
-    relative error of the framework's convention; 0 iff every lag lies in span{V_h})."""
+    relative error of the head-count chapter's convention; 0 iff every lag lies in span{V_h})."""
     return math.sqrt(value_span_error(ssm, n, values) / value_span_error(ssm, n, np.zeros((0, ssm.p, ssm.d))))
 
 

@@ -943,15 +943,21 @@ def test_thm_rank_limited_heads_s5_layers_with_two_states_decided_by_their_lag_p
     # L_0, so only H = d heads of rank one can work (part 2), and they do iff L_0⁻¹L_1 (commuting with
     # L_0⁻¹L_2) has real eigenvalues (part 4). Independent route: the eigenvalues of L_0⁻¹L_1 from the
     # lags themselves; both verdicts occur among these seeds, and every seed is decided.
+    # At H = 4 (rank 2) and H = 2 (rank 4) no seed works: L_0⁻¹L_1 has rank 2 with two simple non-zero
+    # eigenvalues, so its eigenspaces (dimensions 1, 1, 6) are not all divisible by 2 or 4 (part 4).
+    # n = 32 as on the page.
     verdicts = {True: 0, False: 0}
     for seed in range(12):
-        L = SharedStateSSM.random(8, 2, seed=seed).lags(3).detach().numpy()
+        layer = SharedStateSSM.random(8, 2, seed=seed)
+        L = layer.lags(3).detach().numpy()
         lam = np.linalg.eigvals(np.linalg.solve(L[0], L[1]))
         lam = lam[np.abs(lam) > 1e-8 * np.abs(lam).max()]
         real = bool(np.all(np.abs(lam.imag) < 1e-8 * np.abs(lam)))
         assert real or np.all(np.abs(lam.imag) > 0.1 * np.abs(lam))   # clearly one or the other
-        lower, upper = rank_limited_heads(SharedStateSSM.random(8, 2, seed=seed), 1, 16)
+        assert len(lam) == 2 and abs(lam[0] - lam[1]) > 1e-3 * np.abs(lam).max()   # two, simple
+        lower, upper = rank_limited_heads(layer, 1, 32)
         assert (upper <= 8) == real and (lower > 8) == (not real), seed
+        assert rank_limited_heads(layer, 2, 32)[0] > 4 and rank_limited_heads(layer, 4, 32)[0] > 2
         verdicts[real] += 1
     assert verdicts[True] > 0 and verdicts[False] > 0
 
