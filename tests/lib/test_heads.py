@@ -955,6 +955,7 @@ def test_thm_rank_limited_heads_s5_layers_with_two_states_decided_by_their_lag_p
         real = bool(np.all(np.abs(lam.imag) < 1e-8 * np.abs(lam)))
         assert real or np.all(np.abs(lam.imag) > 0.1 * np.abs(lam))   # clearly one or the other
         assert len(lam) == 2 and abs(lam[0] - lam[1]) > 1e-3 * np.abs(lam).max()   # two, simple
+        assert min_heads(layer, 32) == 2   # the lag span is {L_0, L_1}: its pencil decides part 4
         lower, upper = rank_limited_heads(layer, 1, 32)
         assert (upper <= 8) == real and (lower > 8) == (not real), seed
         assert rank_limited_heads(layer, 2, 32)[0] > 4 and rank_limited_heads(layer, 4, 32)[0] > 2
