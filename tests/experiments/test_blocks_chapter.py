@@ -323,4 +323,4 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
     # extremal: E = −(A's directions beyond 5) leaves W = A_5 of rank 5, far fewer heads than A at 1e-6
     W = A - tail
     lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6)
-    assert lower <= heads_at(np.linalg.svd(W, compute_uv=False), 1e-6) == 5 < heads_at(sigma, 1e-6) <= upper
+    assert lower == heads_at(np.linalg.svd(W, compute_uv=False), 1e-6) == 5 < heads_at(sigma, 1e-6) <= upper

@@ -2417,3 +2417,19 @@ def test_block_reach_row_lets_the_exact_end_point_settle_the_reach(monkeypatch):
     monkeypatch.setattr(gh, "probe_profile", lambda *args, **kwargs: inflated)
     row = gh.block_reach_row(block, X, probes=2, eps=0.99)[1]
     assert row["reach from g(4)"] <= 7 and row["reach from g(1)"] <= 7
+
+
+def test_alibi_gain_limit_is_the_largest_f_up_to_the_weight_limit():
+    # cor-attention-price 2: max over α in [0, ᾱ_D] of f(α) = α(1 + 2ζ(1 − α)), by brute force on a grid;
+    # cases with ᾱ_D beyond the vertex α* (the clip binds) and before it.
+    from experiments.gradient_highway import alibi_gain_limit, alibi_weight_limit
+    clipped = 0
+    for two_S in (0.5, 2.343, 10.0):
+        for beta in (0.1, 1.0):
+            for D in (1, 3, 10):
+                top = alibi_weight_limit(two_S, beta, D)
+                alpha = np.linspace(0, top, 200_001)
+                brute = (alpha * (1 + two_S * (1 - alpha))).max()
+                assert alibi_gain_limit(two_S, beta, D) == pytest.approx(brute, rel=1e-8)
+                clipped += top > (1 + two_S) / (2 * two_S)
+    assert clipped > 0
