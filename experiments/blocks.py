@@ -57,6 +57,8 @@ def perturbed_heads_bracket(part_sigma: np.ndarray, rest_energy: float, total_en
     over the same pairs), ‖E‖_F² = rest_energy and ‖W‖_F² = total_energy: with t_A(H) = Σ_{q>H} σ_q(A)²
     and e = ‖E‖_F, the best rank-H error of W is within e of √t_A(H) (triangle inequality, Eckart–Young),
     so H_ε(W) lies in [min{H: √t_A(H) − e <= √(ε‖W‖²)}, min{H: √t_A(H) + e <= √(ε‖W‖²)}]."""
+    if not total_energy > 0:
+        return 0, 0                                                 # W = 0 needs no head
     tails = np.sqrt(_tails(np.asarray(part_sigma, dtype=float) ** 2, len(part_sigma)))
     e, limit = math.sqrt(rest_energy), math.sqrt(eps * total_energy)
     lower = int(np.argmax(tails - e <= limit))

@@ -324,3 +324,11 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
     W = A - tail
     lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6)
     assert lower == heads_at(np.linalg.svd(W, compute_uv=False), 1e-6) == 5 < heads_at(sigma, 1e-6) <= upper
+    # the upper edge, attained: E = 0.2·(A's directions beyond 5) lengthens them by 1.2, and at an ε
+    # just below where 5 heads suffice for W both H_ε(W) and the upper bound are 6
+    W, E = A + 0.2 * tail, 0.2 * tail
+    s_W = np.linalg.svd(W, compute_uv=False)
+    eps = (s_W[5:] ** 2).sum() / (s_W ** 2).sum() * (1 - 1e-9)
+    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps)
+    assert heads_at(s_W, eps) == upper == 6
+    assert perturbed_heads_bracket(sigma, 0.0, 0.0, 1e-2) == (0, 0)
