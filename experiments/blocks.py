@@ -47,8 +47,17 @@ def token_inputs(n: int, d_model: int, batch: int = 1, *, vocab: int = 1000, zip
 def heads_at(singular_values: np.ndarray, eps: float) -> int:
     """H_ε: the least H whose best H heads leave a relative squared error <= eps,
     Σ_{q>H} σ_q² <= eps Σ_q σ_q² ({prf:ref}`prop-channel-span`, part 3)."""
-    errors = _tails(np.asarray(singular_values, dtype=float) ** 2, len(singular_values))
+    sigma, eps = _singular_values(singular_values, "singular_values"), check_real(eps, "eps", 0, 1)
+    errors = _tails(sigma ** 2, len(sigma))
     return int(np.argmax(errors <= eps * errors[0]))
+
+
+def _singular_values(values: Any, name: str) -> np.ndarray:
+    # A 1-d, finite, non-negative, non-increasing array: the tails below assume the order.
+    sigma = np.asarray(values, dtype=float)
+    if sigma.ndim != 1 or not np.all(np.isfinite(sigma)) or np.any(sigma < 0) or np.any(np.diff(sigma) > 0):
+        raise ValueError(f"{name} must be a 1-d array of finite, non-negative, non-increasing values")
+    return sigma
 
 
 def perturbed_heads_bracket(part_sigma: np.ndarray, rest_energy: float, total_energy: float,
@@ -57,12 +66,14 @@ def perturbed_heads_bracket(part_sigma: np.ndarray, rest_energy: float, total_en
     over the same pairs), ‖E‖_F² = rest_energy and ‖W‖_F² = total_energy: with t_A(H) = Σ_{q>H} σ_q(A)²
     and e = ‖E‖_F, the best rank-H error of W is within e of √t_A(H) (triangle inequality, Eckart–Young),
     so H_ε(W) lies in [min{H: √t_A(H) − e <= √(ε‖W‖²)}, min{H: √t_A(H) + e <= √(ε‖W‖²)}]."""
+    sigma, eps = _singular_values(part_sigma, "part_sigma"), check_real(eps, "eps", 0, 1)
+    rest_energy, total_energy = check_real(rest_energy, "rest_energy", 0), check_real(total_energy, "total_energy", 0)
     if not total_energy > 0:
         return 0, 0                                                 # W = 0 needs no head
-    tails = np.sqrt(_tails(np.asarray(part_sigma, dtype=float) ** 2, len(part_sigma)))
+    tails = np.sqrt(_tails(sigma ** 2, len(sigma)))
     e, limit = math.sqrt(rest_energy), math.sqrt(eps * total_energy)
     lower = int(np.argmax(tails - e <= limit))
-    upper = int(np.argmax(tails + e <= limit)) if tails[-1] + e <= limit else len(part_sigma)  # W has as many
+    upper = int(np.argmax(tails + e <= limit)) if tails[-1] + e <= limit else len(sigma)  # W has as many
     return lower, upper
 
 

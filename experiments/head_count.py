@@ -21,7 +21,7 @@ from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batche
                  rank_limited_heads, rank_limited_values, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
 from lib.spans import rank
-from lib.heads import _modal_values, _outer_basis, _split  # part 2's constructions, one by one
+from lib.heads import _flat_rank, _modal_values, _outer_basis, _split  # part 2's constructions
 
 
 def _tails(squares: np.ndarray, H_max: int) -> np.ndarray:
@@ -130,7 +130,10 @@ def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
     singular value), so badly scaled or nearly parallel maps are fine.
     """
     G = _weighted_lags(ssm, n)
-    V = np.asarray(values).reshape(len(values), ssm.p * ssm.d).T  # (pd, H)
+    V = np.asarray(values, dtype=float)
+    if V.ndim != 3 or V.shape[1:] != (ssm.p, ssm.d) or not np.all(np.isfinite(V)):
+        raise ValueError(f"values must be a finite (H, p, d) = (H, {ssm.p}, {ssm.d}) array; got shape {V.shape}")
+    V = V.reshape(len(V), ssm.p * ssm.d).T  # (pd, H)
     if V.size == 0 or not np.abs(V).max() > 0:
         return float((G ** 2).sum())
     left, sigma, _ = np.linalg.svd(V / np.abs(V).max(), full_matrices=False)
@@ -142,7 +145,8 @@ def output_relative_error(ssm: Any, n: int, values: np.ndarray) -> float:
     """(Σ_i E‖y_i − ŷ_i‖² / Σ_i E‖y_i‖²)^½ of heads with value maps V (H, p, d) and the best
     input-independent coefficients, on white tokens: `value_span_error` over its H = 0 value (the
     relative error of the head-count chapter's convention; 0 iff every lag lies in span{V_h})."""
-    return math.sqrt(value_span_error(ssm, n, values) / value_span_error(ssm, n, np.zeros((0, ssm.p, ssm.d))))
+    total = value_span_error(ssm, n, np.zeros((0, ssm.p, ssm.d)))
+    return math.sqrt(value_span_error(ssm, n, values) / total) if total > 0 else 0.0  # the zero map: no error
 
 
 def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: int = 50, seed: Any = 0,
@@ -210,7 +214,7 @@ def construction_misses(ssm: Any, n: int, r: int) -> dict:
     out: dict = {}
     if len(Q):
         ranks = [_rank(q) for q in Q]
-        k_col, k_row = _rank(np.concatenate(list(Q), axis=1)), _rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1))
+        k_col, k_row = _flat_rank(Q, 1e-10), _flat_rank(Q.transpose(0, 2, 1), 1e-10)
         for name, V, count in [("split", _split(Q, r, 1e-10), sum(-(-m // r) for m in ranks)),
                                ("outer", _outer_basis(Q, 1e-10), k_col * k_row)]:
             out[name] = (len(V), count, _lags_residual(ssm, n, V, r))
@@ -249,8 +253,8 @@ def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Cal
     """
     k = min_heads(ssm, n)
     Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
-    k_col = _rank(np.concatenate(list(Q), axis=1)) if k else 0             # [Q_1 … Q_k]
-    k_row = _rank(np.concatenate(list(Q.transpose(0, 2, 1)), axis=1)) if k else 0
+    k_col = _flat_rank(Q, 1e-10) if k else 0                              # [Q_1 … Q_k]
+    k_row = _flat_rank(Q.transpose(0, 2, 1), 1e-10) if k else 0
     lower, upper = rank_limited_heads(ssm, r, n)
     row = dict(k=k, k_col=int(k_col), k_row=int(k_row), lower=lower, upper=upper,
                built=built_values_residual(ssm, n, r), floor=None, below=None,

@@ -319,7 +319,9 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
             for eps in (1e-2, 1e-4, 1e-6):
                 lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), total, eps)
                 assert lower <= heads_at(s_W, eps) <= upper
-    assert perturbed_heads_bracket(sigma, 0.0, (sigma ** 2).sum(), 1e-4) == (heads_at(sigma, 1e-4),) * 2
+    # e = 0: both edges are H_ε(A), here counted directly from A's best rank-H errors (not via _tails)
+    direct = next(H for H in range(31) if np.sum(sigma[H:] ** 2) <= 1e-4 * np.sum(sigma ** 2))
+    assert perturbed_heads_bracket(sigma, 0.0, (sigma ** 2).sum(), 1e-4) == (direct, direct)
     # extremal: E = −(A's directions beyond 5) leaves W = A_5 of rank 5, far fewer heads than A at 1e-6
     W = A - tail
     lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6)
@@ -331,4 +333,18 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
     eps = (s_W[5:] ** 2).sum() / (s_W ** 2).sum() * (1 - 1e-9)
     lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps)
     assert heads_at(s_W, eps) == upper == 6
+    # the lower edge, attained: E = −0.3·(A's directions beyond 4) shortens them by 0.7, and at an ε
+    # just above where 4 heads suffice for W both H_ε(W) and the lower bound are 4
+    tail4 = (U[:, 4:30] * sigma[4:]) @ Vt[4:]
+    W, E = A - 0.3 * tail4, -0.3 * tail4
+    s_W = np.linalg.svd(W, compute_uv=False)
+    eps = (s_W[4:] ** 2).sum() / (s_W ** 2).sum() * (1 + 1e-9)
+    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps)
+    assert lower == heads_at(s_W, eps) == 4
     assert perturbed_heads_bracket(sigma, 0.0, 0.0, 1e-2) == (0, 0)
+    for bad, match in [((sigma[::-1], 0.0, 1.0, 1e-2), "part_sigma must be"),
+                       ((sigma, -1.0, 1.0, 1e-2), "rest_energy must be"),
+                       ((sigma, 0.0, np.inf, 1e-2), "total_energy must be"),
+                       ((sigma, 0.0, 1.0, 2.0), "eps must be")]:
+        with pytest.raises(ValueError, match=match):
+            perturbed_heads_bracket(*bad)

@@ -653,6 +653,12 @@ def test_output_relative_error_against_the_optimal_heads_and_the_fit():
     e, V = fit_rank_limited_heads(ssm, n, 2, 1, weighted=True, restarts=2)
     assert output_relative_error(ssm, n, V) == pytest.approx(e, rel=1e-6)
     assert output_relative_error(ssm, n, np.zeros((0, 3, 2))) == 1.0
+    with pytest.raises(ValueError, match=r"values must be a finite \(H, p, d\) = \(H, 3, 2\)"):
+        output_relative_error(ssm, n, np.zeros((1, 2, 3)))
+    with pytest.raises(ValueError, match="values must be a finite"):
+        output_relative_error(ssm, n, np.full((1, 3, 2), np.nan))
+    zero = LinearSSM(np.eye(3) / 2, np.ones((3, 2)), np.zeros((3, 3)))  # the zero map: nothing to miss
+    assert output_relative_error(zero, n, np.zeros((0, 3, 2))) == 0.0
 
 
 def test_prop_rank_limited_heads_damped_rotation_closed_forms():
