@@ -1480,7 +1480,7 @@ def mamba_block_path(block: Any, X: Any, i: int, j: int, *, window: int | None =
     Din, N, r = block.d_inner, block.d_state, block.dt_rank
     with torch.no_grad():
         val = mamba_values(block, X)
-        V, Wz = block.in_proj.weight[:Din], block.in_proj.weight[Din:]
+        Wz = block.in_proj.weight[Din:]
         Wx, w, A = block.x_proj.weight, block.taps(), val["A"]
         cum = torch.cat([val["Delta"].new_zeros(1, Din), torch.cumsum(val["Delta"], 0)])  # cum[t] = Σ_{s<t} Δ_s
 
@@ -1492,9 +1492,8 @@ def mamba_block_path(block: Any, X: Any, i: int, j: int, *, window: int | None =
         S = X.new_zeros(Din, N, X.shape[1])
         core = None
         for t in range(j, last + 1):
-            dc = (w[t - j] if t - j < w.shape[0] else torch.zeros_like(w[0]))[:, None] * V
-            dv[t] = _silu_slope(val["c"][t])[:, None] * dc
-            dDelta = torch.sigmoid(val["pre"][t])[:, None] * (block.dt_proj.weight @ (Wx[:r] @ dv[t]))
+            tap = w[t - j] if t - j < w.shape[0] else torch.zeros_like(w[0])  # window > K: no tap
+            dv[t], dDelta = _window_derivatives(block, val, t, tap)
             dB = Wx[r:r + N] @ dv[t]
             h_prev = val["h"][t - 1] if t > 0 else torch.zeros_like(val["h"][0])
             Dt, vt, Bt = val["Delta"][t], val["v"][t], val["B"][t]
@@ -1526,6 +1525,14 @@ def mamba_block_path(block: Any, X: Any, i: int, j: int, *, window: int | None =
             limit = float(torch.linalg.matrix_norm(U, ord=2) * torch.linalg.vector_norm(val["C"][i]) *
                           torch.linalg.vector_norm(rows))
         return BlockPath((U @ inner).numpy(), inner.numpy(), last, tau, S.numpy(), limit, (U @ inner_core).numpy())
+
+
+def _window_derivatives(block: Any, val: dict, t: int, tap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # ∂v_t and ∂Δ_t with respect to x_j, each (D_in, d_model), where the conv carries x_j to t with
+    # weight `tap` = w_{t−j} (D_in,): ∂c_t = diag(tap) V, ∂v_t = silu'(c_t) ∂c_t, ∂Δ_t = σ(pre_t) W_Δ ∂v_t.
+    dv = (_silu_slope(val["c"][t]) * tap)[:, None] * block.in_proj.weight[:block.d_inner]
+    W_delta = block.x_proj.weight[:block.dt_rank]                                # (dt_rank, D_in)
+    return dv, torch.sigmoid(val["pre"][t])[:, None] * (block.dt_proj.weight @ (W_delta @ dv))
 
 
 def step_projection(block: Any) -> torch.Tensor:
@@ -1893,13 +1900,12 @@ def mamba_block_jacobian(block: Any, X: Any, i: int, j: int, *, values: dict | N
     K, Din, N, r = block.d_conv, block.d_inner, block.d_state, block.dt_rank
     with torch.no_grad():
         val = mamba_values(block, X) if values is None else values
-        V, Wz = block.in_proj.weight[:Din], block.in_proj.weight[Din:]
+        Wz = block.in_proj.weight[Din:]
         Wx, w, A, Delta = block.x_proj.weight, block.taps(), val["A"], val["Delta"]
         cum = torch.cat([Delta.new_zeros(1, Din), torch.cumsum(Delta, 0)])
         do = X.new_zeros(Din, X.shape[1])
         for t in range(j, min(i, j + K - 1) + 1):
-            dv = (_silu_slope(val["c"][t]) * w[t - j])[:, None] * V                        # ∂v_t, (D_in, d)
-            dDelta = torch.sigmoid(val["pre"][t])[:, None] * (block.dt_proj.weight @ (Wx[:r] @ dv))
+            dv, dDelta = _window_derivatives(block, val, t, w[t - j])
             omega = val["C"][i] * torch.exp(A * (cum[i + 1] - cum[t + 1])[:, None])        # (D_in, N)
             h_prev = val["h"][t - 1] if t > 0 else torch.zeros_like(val["h"][0])
             Dt, vt, Bt = Delta[t], val["v"][t], val["B"][t]
