@@ -160,10 +160,38 @@ def normal_realisation(ssm: LinearSSM, r: float) -> LinearSSM:
     return LinearSSM(A * scale[None, :] / scale[:, None], B / scale[:, None], C * scale[None, :])
 
 
-def worst_bounded_input(lags: Any) -> np.ndarray:
-    """x_t = sign L_{n−1−t}, shape (n, 1), for scalar lags L_0..L_{n−1}: |x_t| <= 1 and
-    y_{n−1} = Σ_ℓ |L_ℓ|, the largest output any input with |x_t| <= 1 gives at position n − 1."""
-    return np.sign(_array(lags).reshape(-1))[::-1, None].copy()
+def worst_bounded_input(lags: Any, k: int = 0) -> np.ndarray:
+    """x_t = L_{n−1−t}ᵀe_k / ‖L_{n−1−t}ᵀe_k‖₂ (0 where that row is 0), shape (n, d), for lags
+    L_0..L_{n−1} (n, p, d), or scalar lags (n,): ‖x_t‖₂ <= 1 and y_{n−1}[k] = Σ_ℓ ‖L_ℓᵀe_k‖₂, the
+    largest y_{n−1}[k] of any such input (for d = p = 1, x_t = sign L_{n−1−t} and y_{n−1} = Σ_ℓ |L_ℓ|)."""
+    L = _array(lags)
+    L = L[:, None, None] if L.ndim == 1 else L
+    if L.ndim != 3:
+        raise ValueError(f"lags must have shape (n,) or (n, p, d); got {L.shape}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < L.shape[1]:
+        raise ValueError(f"k must be an output index in [0, {L.shape[1]}); got {k!r}")
+    rows = L[:, k, :]
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)[::-1].copy()
+
+
+def bounded_output_range(ssm: LinearSSM, n: int) -> dict[str, float]:
+    """Part 6 of {prf:ref}`prop-rank-attenuation-independent` on length n: "Σg" = Σ_{ℓ<n} ‖L_ℓ‖_F (the
+    profile's sum, an upper bound on ‖y_{n−1}‖₂ for ‖x_t‖₂ <= 1), "Σg/p" (the lower bound), "attained"
+    the largest ‖y_{n−1}‖₂ of the inputs `worst_bounded_input(lags, k)`, k < p, by a forward pass, and
+    "row gap" max_k |y_{n−1}[k] / Σ_ℓ ‖L_ℓᵀe_k‖₂ − 1| (forward pass against the lags)."""
+    import torch
+
+    lags = _array(ssm.lags(n))
+    attained, gap = 0.0, 0.0
+    for k in range(ssm.p):
+        with torch.no_grad():
+            y = ssm(torch.from_numpy(worst_bounded_input(lags, k)))[-1].numpy()
+        rows = np.linalg.norm(lags[:, k, :], axis=1).sum()
+        attained = max(attained, float(np.linalg.norm(y)))
+        gap = max(gap, abs(y[k] / rows - 1) if rows > 0 else abs(y[k]))
+    total = float(np.linalg.norm(lags, axis=(1, 2)).sum())
+    return {"Σg": total, "Σg/p": total / ssm.p, "attained": attained, "row gap": float(gap)}
 
 
 def eigenvector_condition(A: Any) -> float:

@@ -12,7 +12,7 @@ Both blocks have the operator form ({prf:ref}`prop-mamba-block`, {prf:ref}`prop-
 U = out_proj.weight (d_model, d_inner), V the x-rows of in_proj.weight (d_inner, d_model),
 g_ij ∈ ℝ^{d_inner}: `coefficients(X)` → g (b, n, n, d_inner), `factors()` → (U, V),
 `operator(X)` → 𝒲 (b, n, n, d, d), `offset(X)` → β (b, n, d). The offset is zero without
-biases (bias=False, conv_bias=False); the conv bias makes the block affine. Positions 0-based.
+biases (bias=False, conv_bias=False); with biases the decomposition is affine. Positions 0-based.
 Not modelled: caches / step-by-step decoding, attention masks, Mamba-2's dt_limit clamp (its
 default (0, ∞) is a no-op) and d_ssm < d_inner. Softplus is evaluated exactly up to z = 40
 (torch's default switches to z at 20: a relative difference below e⁻²⁰ in Δ).

@@ -370,3 +370,33 @@ def test_greedy_switching_radius_is_a_lower_bound_on_the_joint_spectral_radius()
     found = greedy_switching_radius(W)
     assert np.abs(np.linalg.eigvals(W)).max() <= found <= best + 1e-12
     assert 0.6 < greedy_switching_radius(torch_init_recurrence(64, seed=0)) < 1
+
+
+@pytest.mark.parametrize("N, d, p", [(4, 2, 3), (5, 1, 1), (3, 3, 1), (6, 1, 4)])
+def test_prop_rank_attenuation_independent_part_6_bounded_outputs(N, d, p):
+    # Part 6: the built inputs attain Σ_ℓ‖L_ℓᵀe_k‖ at row k (forward pass against lib's lags), the
+    # largest ‖y_n‖ lies in [Σg/p, Σg], equals Σg for p = 1, and no random bounded input beats it.
+    from experiments.tradeoff import bounded_output_range, worst_bounded_input
+
+    for seed in range(3):
+        ssm = LinearSSM.random(N, d, p, seed=seed)
+        found = bounded_output_range(ssm, 40)
+        assert found["row gap"] < 1e-12
+        assert found["Σg/p"] * (1 - 1e-12) <= found["attained"] <= found["Σg"] * (1 + 1e-12)
+        if p == 1:
+            assert found["attained"] == pytest.approx(found["Σg"], rel=1e-12)
+        rng = np.random.default_rng(seed)
+        for _ in range(50):
+            X = rng.standard_normal((40, d))
+            X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1)
+            with torch.no_grad():
+                y = ssm(torch.from_numpy(X))[-1].numpy()
+            assert np.linalg.norm(y) <= found["Σg"] * (1 + 1e-12)
+            if p == 1:
+                assert np.linalg.norm(y) <= found["attained"] * (1 + 1e-12)
+    lags = ssm.lags(40).detach().numpy()
+    assert np.allclose(np.linalg.norm(worst_bounded_input(lags, p - 1), axis=1)[lags[::-1, p - 1].any(1)], 1)
+    with pytest.raises(ValueError, match="k must be an output index"):
+        worst_bounded_input(lags, p)
+    with pytest.raises(ValueError, match="lags must have shape"):
+        worst_bounded_input(lags[:, :, :, None])
