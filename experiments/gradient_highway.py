@@ -2030,7 +2030,8 @@ def block_jacobians_at(block: Any, X: Any, distances: Any) -> np.ndarray:
 def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 0) -> tuple[np.ndarray, dict]:
     """(g, row) at the last output i = n − 1. g: the probe estimate of `probe_profile` (for the figure and
     the reaches). row: the reaches against g(1) and against g(4) (`read_profile` from D = 4 on), read off
-    the estimate, except that the exact g(n − 1) settles whether they are n − 1; the ratios g(4)/g(1), g(n−1)/g(1), g(n−1)/g(4) and max |g(2..3)/g(1) − 1| from exact
+    the estimate, except that the exact g(n − 1) settles whether they are n − 1; g(1) itself (the absolute
+    level), the ratios g(4)/g(1), g(n−1)/g(1), g(n−1)/g(4) and max |g(2..3)/g(1) − 1| from exact
     norms (`block_jacobians_at` at D = 1, 2, 3, 4, n − 1); 'probe / exact' the estimate's largest relative
     deviation at those five distances; 'exact vs autograd' the largest relative gap between the probe
     norms ‖g_kᵀJ‖ recomputed from the exact blocks and the same probes by the block's own autograd."""
@@ -2046,7 +2047,7 @@ def block_reach_row(block: Any, X: Any, *, probes: int, eps: float, seed: Any = 
     settle = lambda reach, kept: n - 1 if kept else min(reach, n - 2)
     reach1 = settle(read_profile(g, eps).reach, exact[4] >= eps * exact[0])
     reach4 = settle(3 + read_profile(g[3:], eps).reach, exact[4] >= eps * exact[3])
-    return g, {"reach from g(1)": reach1, "reach from g(4)": reach4,
+    return g, {"reach from g(1)": reach1, "reach from g(4)": reach4, "g(1)": exact[0],
                "g(4)/g(1)": exact[3] / exact[0], "g(n−1)/g(1)": exact[4] / exact[0],
                "g(n−1)/g(4)": exact[4] / exact[3], "max |g(2..3)/g(1) − 1|": np.abs(exact[1:3] / exact[0] - 1).max(),
                "probe / exact": np.abs(g[D] / exact - 1).max(), "exact vs autograd": np.abs(probed / g[D] - 1).max()}
