@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lib import Mamba2Block, MambaBlock
-from lib._validation import check_real
+from lib._validation import check_int, check_real
 from lib.heads import _tails
 from lib.spans import _coefficient_span, rank
 
@@ -61,19 +61,22 @@ def _singular_values(values: Any, name: str) -> np.ndarray:
 
 
 def perturbed_heads_bracket(part_sigma: np.ndarray, rest_energy: float, total_energy: float,
-                            eps: float) -> tuple[int, int]:
+                            eps: float, max_heads: int) -> tuple[int, int]:
     """Bounds on H_ε of W = A + E from A's singular values (A = the rows of one part, e.g. the skip's,
     over the same pairs), ‖E‖_F² = rest_energy and ‖W‖_F² = total_energy: with t_A(H) = Σ_{q>H} σ_q(A)²
     and e = ‖E‖_F, the best rank-H error of W is within e of √t_A(H) (triangle inequality, Eckart–Young),
-    so H_ε(W) lies in [min{H: √t_A(H) − e <= √(ε‖W‖²)}, min{H: √t_A(H) + e <= √(ε‖W‖²)}]."""
+    so H_ε(W) lies in [min{H: √t_A(H) − e <= √(ε‖W‖²)}, min{H: √t_A(H) + e <= √(ε‖W‖²)}]. Where no H
+    meets the upper condition (e above the tolerance) the upper edge is `max_heads`, a bound on rank W
+    the caller knows (the channels D, or the pairs)."""
     sigma, eps = _singular_values(part_sigma, "part_sigma"), check_real(eps, "eps", 0, 1)
     rest_energy, total_energy = check_real(rest_energy, "rest_energy", 0), check_real(total_energy, "total_energy", 0)
+    max_heads = check_int(max_heads, "max_heads", minimum=0)
     if not total_energy > 0:
         return 0, 0                                                 # W = 0 needs no head
     tails = np.sqrt(_tails(sigma ** 2, len(sigma)))
     e, limit = math.sqrt(rest_energy), math.sqrt(eps * total_energy)
     lower = int(np.argmax(tails - e <= limit))
-    upper = int(np.argmax(tails + e <= limit)) if tails[-1] + e <= limit else len(sigma)  # W has as many
+    upper = int(np.argmax(tails + e <= limit)) if tails[-1] + e <= limit else max_heads  # no bound from A
     return lower, upper
 
 
@@ -262,6 +265,20 @@ def coefficient_spectrum(g: torch.Tensor) -> np.ndarray:
     if gamma.shape[0] > gamma.shape[1]:  # keeps the singular values; numpy's SVD is the faster
         gamma = torch.linalg.qr(gamma, mode="r").R
     return np.linalg.svd(gamma.numpy(), compute_uv=False)
+
+
+def token_caps(X: Any, heads: int, window: int) -> tuple[int, int]:
+    """Part 5 of {prf:ref}`prop-mamba2-count`: with R_t the number of pairs (i, j), j <= i, whose output
+    position holds token t (R_t = Σ_{i: x_i = t} i, positions 1-based), the caps Σ_t min(R_t, H) on
+    rank Γ with the gate alone and Σ_t min(R_t, K H) with the gate and the convolution, over the
+    distinct tokens t of X (n, d). H = `heads`, K = `window`."""
+    X = np.asarray(X.detach() if hasattr(X, "detach") else X, dtype=float)
+    if X.ndim != 2:
+        raise ValueError(f"X must have shape (n, d); got {X.shape}")
+    heads, window = check_int(heads, "heads"), check_int(window, "window")
+    _, token = np.unique(X, axis=0, return_inverse=True)
+    R = np.bincount(token.ravel(), weights=np.arange(1, len(X) + 1))  # pairs ending at each token
+    return int(np.minimum(R, heads).sum()), int(np.minimum(R, window * heads).sum())
 
 
 def mamba2_factors(block: Any, X: torch.Tensor) -> dict[str, np.ndarray]:

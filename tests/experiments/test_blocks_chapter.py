@@ -94,6 +94,31 @@ def test_prop_mamba2_count_part3_binds(n):
     assert rank(factors["block"], 1e-10) == block.d_inner  # the three factors together reach every channel
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prop_mamba2_count_part5_token_caps_bind_and_are_attained(seed):
+    # Tokens drawn from 3 distinct vectors (n = 12): rows ending at the same token share the gate's
+    # direction, so the gate alone has rank at most Σ_t min(R_t, H) (here below part 3's Σ_i min(i, H)),
+    # and the gate with the convolution at most Σ_t min(R_t, KH); both caps are attained.
+    from experiments.blocks import token_caps
+    block = Mamba2Block(16, d_state=4, headdim=16, ngroups=2 - seed % 2, seed=seed)
+    rng = np.random.default_rng(seed)
+    vocab = rng.standard_normal((3, 16))
+    X = torch.from_numpy(vocab[rng.integers(0, 3, 12)])
+    H, K, n = block.nheads, block.d_conv, len(X)
+    gate_cap, conv_cap = token_caps(X, H, K)
+    R = {}  # R_t by hand: the pairs (i, j), j <= i, whose output position i (1-based) holds t
+    for i, x in enumerate(X.numpy(), start=1):
+        R[x.tobytes()] = R.get(x.tobytes(), 0) + i
+    assert gate_cap == sum(min(r, H) for r in R.values()) < sum(min(i, H) for i in range(1, n + 1))
+    assert conv_cap == sum(min(r, K * H) for r in R.values()) < block.d_inner
+    factors = mamba2_factors(block, X)
+    assert rank(factors["gate"], 1e-10) == gate_cap and rank(factors["gate + conv"], 1e-10) == conv_cap
+    with pytest.raises(ValueError, match="X must have shape"):
+        token_caps(X[0], H, K)
+    with pytest.raises(ValueError, match="window must be"):
+        token_caps(X, H, 0)
+
+
 def _mamba_lm(layers=2, **config):
     torch.manual_seed(0)
     config = transformers.MambaConfig(vocab_size=50, hidden_size=16, state_size=4, num_hidden_layers=layers,
@@ -317,21 +342,21 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
             W = A + E
             total, s_W = (W ** 2).sum(), np.linalg.svd(W, compute_uv=False)
             for eps in (1e-2, 1e-4, 1e-6):
-                lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), total, eps)
+                lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), total, eps, 30)
                 assert lower <= heads_at(s_W, eps) <= upper
     # e = 0: both edges are H_ε(A), here counted directly from A's best rank-H errors (not via _tails)
     direct = next(H for H in range(31) if np.sum(sigma[H:] ** 2) <= 1e-4 * np.sum(sigma ** 2))
-    assert perturbed_heads_bracket(sigma, 0.0, (sigma ** 2).sum(), 1e-4) == (direct, direct)
+    assert perturbed_heads_bracket(sigma, 0.0, (sigma ** 2).sum(), 1e-4, 30) == (direct, direct)
     # extremal: E = −(A's directions beyond 5) leaves W = A_5 of rank 5, far fewer heads than A at 1e-6
     W = A - tail
-    lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6)
+    lower, upper = perturbed_heads_bracket(sigma, (tail ** 2).sum(), (W ** 2).sum(), 1e-6, 30)
     assert lower == heads_at(np.linalg.svd(W, compute_uv=False), 1e-6) == 5 < heads_at(sigma, 1e-6) <= upper
     # the upper edge, attained: E = 0.2·(A's directions beyond 5) lengthens them by 1.2, and at an ε
     # just below where 5 heads suffice for W both H_ε(W) and the upper bound are 6
     W, E = A + 0.2 * tail, 0.2 * tail
     s_W = np.linalg.svd(W, compute_uv=False)
     eps = (s_W[5:] ** 2).sum() / (s_W ** 2).sum() * (1 - 1e-9)
-    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps)
+    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps, 30)
     assert heads_at(s_W, eps) == upper == 6
     # the lower edge, attained: E = −0.3·(A's directions beyond 4) shortens them by 0.7, and at an ε
     # just above where 4 heads suffice for W both H_ε(W) and the lower bound are 4
@@ -339,12 +364,21 @@ def test_perturbed_heads_bracket_holds_and_is_tight():
     W, E = A - 0.3 * tail4, -0.3 * tail4
     s_W = np.linalg.svd(W, compute_uv=False)
     eps = (s_W[4:] ** 2).sum() / (s_W ** 2).sum() * (1 + 1e-9)
-    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps)
+    lower, upper = perturbed_heads_bracket(sigma, (E ** 2).sum(), (s_W ** 2).sum(), eps, 30)
     assert lower == heads_at(s_W, eps) == 4
-    assert perturbed_heads_bracket(sigma, 0.0, 0.0, 1e-2) == (0, 0)
-    for bad, match in [((sigma[::-1], 0.0, 1.0, 1e-2), "part_sigma must be"),
-                       ((sigma, -1.0, 1.0, 1e-2), "rest_energy must be"),
-                       ((sigma, 0.0, np.inf, 1e-2), "total_energy must be"),
-                       ((sigma, 0.0, 1.0, 2.0), "eps must be")]:
+    assert perturbed_heads_bracket(sigma, 0.0, 0.0, 1e-2, 30) == (0, 0)
+    # a part of lower rank than W (the skip's 3 directions) and a rest above the tolerance: A says
+    # nothing about the upper edge, which is then the caller's bound on rank W (referee S1's case)
+    A3 = (U[:, :3] * sigma[:3]) @ Vt[:3]
+    E = 0.5 * np.random.default_rng(1).standard_normal((40, 30))
+    s_W = np.linalg.svd(A3 + E, compute_uv=False)
+    for eps in (1e-2, 0.1):
+        lower, upper = perturbed_heads_bracket(sigma[:3], (E ** 2).sum(), (s_W ** 2).sum(), eps, 30)
+        assert lower <= heads_at(s_W, eps) <= upper == 30 and heads_at(s_W, eps) > 3
+    for bad, match in [((sigma[::-1], 0.0, 1.0, 1e-2, 30), "part_sigma must be"),
+                       ((sigma, -1.0, 1.0, 1e-2, 30), "rest_energy must be"),
+                       ((sigma, 0.0, np.inf, 1e-2, 30), "total_energy must be"),
+                       ((sigma, 0.0, 1.0, 2.0, 30), "eps must be"),
+                       ((sigma, 0.0, 1.0, 1e-2, -1), "max_heads must be")]:
         with pytest.raises(ValueError, match=match):
             perturbed_heads_bracket(*bad)
