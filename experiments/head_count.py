@@ -202,19 +202,23 @@ def as_built_verdict(lower: int, upper: int, H: int) -> str:
     return "yes" if upper <= H else "no" if lower > H else "open"
 
 
-def built_values_residual(ssm: Any, n: int, r: int) -> float:
+def built_values_residual(ssm: Any, n: int, r: int, *, per_lag: bool = False) -> float:
     """How far the lags ℓ < n lie from the span of `lib.rank_limited_values` (the proofs' value maps).
 
     Numpy least squares of every lag on the maps, the largest residual entry relative to the largest
-    lag entry; inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding when
-    the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
+    lag entry (L_0's, with a skip); per_lag: the largest ‖residual_ℓ‖_F / ‖L_ℓ‖_F over the non-zero
+    lags instead. inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding
+    when the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
     """
-    return _lags_residual(ssm, n, rank_limited_values(ssm, r, n), r)
+    if not isinstance(per_lag, bool):
+        raise TypeError(f"per_lag must be a bool; got {type(per_lag).__name__}")
+    return _lags_residual(ssm, n, rank_limited_values(ssm, r, n), r, per_lag)
 
 
-def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
+def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int, per_lag: bool = False) -> float:
     # numpy least squares of every lag ℓ < n on the maps V (H, p, d), the largest residual entry
-    # relative to the largest lag entry; inf if a map has rank above r (1e-10 relative)
+    # relative to the largest lag entry (per_lag: the largest ‖residual_ℓ‖_F / ‖L_ℓ‖_F over the
+    # non-zero lags); inf if a map has rank above r (1e-10 relative)
     lags = ssm.lags(n).detach().to(torch.float64).numpy().reshape(n, -1)
     if not np.abs(lags).max() > 0:
         return 0.0
@@ -224,7 +228,11 @@ def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
     if len(flat) == 0:
         return 1.0
     coef = np.linalg.lstsq(flat.T, lags.T, rcond=None)[0]
-    return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
+    residual = (flat.T @ coef - lags.T).T                                 # (n, pd)
+    if per_lag:
+        norms = np.linalg.norm(lags, axis=1)
+        return float((np.linalg.norm(residual, axis=1)[norms > 0] / norms[norms > 0]).max())
+    return float(np.abs(residual).max() / np.abs(lags).max())
 
 
 def _rank(M: np.ndarray) -> int:

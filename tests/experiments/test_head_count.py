@@ -1238,6 +1238,20 @@ def test_thm_rank_limited_heads_survey_counts_built_maps_that_miss_a_lag(monkeyp
     assert broken["built"] > 0.1 and broken["failures"] == 1
 
 
+def test_thm_rank_limited_heads_built_residual_per_lag_and_per_largest_entry(monkeypatch):
+    # Closed forms: lags L_0 = 100 E_11, L_1 = E_12 + ε E_21 and maps E_11, E_12 (rank one): the
+    # residual is ε E_21 at ℓ = 1, so ε/100 relative to the largest lag entry, ε/√(1 + ε²) per lag.
+    import experiments.head_count as hc
+    eps = 1e-3
+    model = RelativeHeads(np.array([[[100.0, 0], [0, 0]], [[0, 1.0], [eps, 0]]]), np.eye(2))
+    maps = np.array([[[1.0, 0], [0, 0]], [[0, 1.0], [0, 0]]])
+    monkeypatch.setattr(hc, "rank_limited_values", lambda ssm, r, n: maps)
+    assert hc.built_values_residual(model, 2, 1) == pytest.approx(eps / 100, rel=1e-9)
+    assert hc.built_values_residual(model, 2, 1, per_lag=True) == pytest.approx(eps / np.hypot(1, eps), rel=1e-9)
+    with pytest.raises(TypeError, match="per_lag must be a bool"):
+        hc.built_values_residual(model, 2, 1, per_lag=1)
+
+
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_thm_rank_limited_heads_each_construction_on_its_own(r):
     # part 2's constructions, unfiltered: the modal one gives N_ℝ + 3N_ℂ maps at r = 1 and N at
