@@ -20,6 +20,7 @@ from lib import (LinearSSM, RelativeHeads, SequenceMap, SoftmaxAttention, batche
                  fit_rank_limited_heads, imitate, min_heads, operator_span, optimal_head_errors, rank_limited_error_floor,
                  rank_limited_heads, rank_limited_values, truncated_heads)
 from lib.heads import _weighted_lags  # G (n, pd): rows √(n − ℓ) vec L_ℓ
+from lib._validation import check_int
 from lib.spans import rank
 from lib.heads import _flat_rank, _modal_values, _outer_basis, _split  # part 2's constructions
 
@@ -129,16 +130,21 @@ def value_span_error(ssm: Any, n: int, values: np.ndarray) -> float:
     on their span). The span is taken from an SVD of the maps (cut at 1e-13 of the largest
     singular value), so badly scaled or nearly parallel maps are fine.
     """
+    return float((_span_residual(ssm, n, values) ** 2).sum())
+
+
+def _span_residual(ssm: Any, n: int, values: Any) -> np.ndarray:
+    # G − G Π (n, pd): the weighted lags' rows √(n − ℓ) vec L_ℓ minus their projection on span{V_h}
     G = _weighted_lags(ssm, n)
     V = np.asarray(values, dtype=float)
     if V.ndim != 3 or V.shape[1:] != (ssm.p, ssm.d) or not np.all(np.isfinite(V)):
         raise ValueError(f"values must be a finite (H, p, d) = (H, {ssm.p}, {ssm.d}) array; got shape {V.shape}")
     V = V.reshape(len(V), ssm.p * ssm.d).T  # (pd, H)
     if V.size == 0 or not np.abs(V).max() > 0:
-        return float((G ** 2).sum())
+        return G
     left, sigma, _ = np.linalg.svd(V / np.abs(V).max(), full_matrices=False)
     basis = left[:, sigma > 1e-13 * sigma[0]]
-    return float(((G - (G @ basis) @ basis.T) ** 2).sum())
+    return G - (G @ basis) @ basis.T
 
 
 def output_relative_error(ssm: Any, n: int, values: np.ndarray) -> float:
@@ -147,6 +153,33 @@ def output_relative_error(ssm: Any, n: int, values: np.ndarray) -> float:
     relative error of the head-count chapter's convention; 0 iff every lag lies in span{V_h})."""
     total = value_span_error(ssm, n, np.zeros((0, ssm.p, ssm.d)))
     return math.sqrt(value_span_error(ssm, n, values) / total) if total > 0 else 0.0  # the zero map: no error
+
+
+def memoryless_output_error(ssm: Any, n: int) -> float:
+    """e_y of a layer with no memory: L_0 exact and every later lag zero, on white tokens.
+
+    (Σ_{ℓ≥1} (n − ℓ)‖L_ℓ‖²_F / Σ_ℓ (n − ℓ)‖L_ℓ‖²_F)^½, the output relative error of
+    `output_relative_error`'s convention; 1 minus its square is the share of the output energy
+    that L_0 (with a skip, CB + D) carries. 0 for the zero map and for n = 1.
+    """
+    n = check_int(n, "n")
+    G = _weighted_lags(ssm, n)
+    total = float((G ** 2).sum())
+    return math.sqrt(float((G[1:] ** 2).sum()) / total) if total > 0 else 0.0
+
+
+def memory_output_error(ssm: Any, n: int, values: Any) -> float:
+    """The relative error on the lags ℓ >= 1 alone of heads with value maps V (H, p, d).
+
+    With the best input-independent coefficients (each lag projected on span{V_h}), on white
+    tokens: (Σ_{ℓ≥1} (n − ℓ) dist(L_ℓ, span{V_h})²_F / Σ_{ℓ≥1} (n − ℓ)‖L_ℓ‖²_F)^½, the relative
+    error of the memory part Σ_{j<i} L_{i−j} x_j of the outputs (positions 0-based in code).
+    0 where there is no memory (every L_ℓ = 0 for ℓ >= 1, or n = 1).
+    """
+    n = check_int(n, "n")
+    residual = _span_residual(ssm, n, values)[1:]
+    memory = float((_weighted_lags(ssm, n)[1:] ** 2).sum())
+    return math.sqrt(float((residual ** 2).sum()) / memory) if memory > 0 else 0.0
 
 
 def rank_limited_head_error(ssm: Any, n: int, H: int, rank: int, *, restarts: int = 50, seed: Any = 0,
@@ -169,19 +202,23 @@ def as_built_verdict(lower: int, upper: int, H: int) -> str:
     return "yes" if upper <= H else "no" if lower > H else "open"
 
 
-def built_values_residual(ssm: Any, n: int, r: int) -> float:
+def built_values_residual(ssm: Any, n: int, r: int, *, per_lag: bool = False) -> float:
     """How far the lags ℓ < n lie from the span of `lib.rank_limited_values` (the proofs' value maps).
 
     Numpy least squares of every lag on the maps, the largest residual entry relative to the largest
-    lag entry; inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding when
-    the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
+    lag entry (L_0's, with a skip); per_lag: the largest ‖residual_ℓ‖_F / ‖L_ℓ‖_F over the non-zero
+    lags instead. inf if a map has rank above r (numerical, 1e-10 relative) — 0 up to rounding
+    when the construction of {prf:ref}`thm-rank-limited-heads` parts 2 and 4 is right.
     """
-    return _lags_residual(ssm, n, rank_limited_values(ssm, r, n), r)
+    if not isinstance(per_lag, bool):
+        raise TypeError(f"per_lag must be a bool; got {type(per_lag).__name__}")
+    return _lags_residual(ssm, n, rank_limited_values(ssm, r, n), r, per_lag)
 
 
-def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
+def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int, per_lag: bool = False) -> float:
     # numpy least squares of every lag ℓ < n on the maps V (H, p, d), the largest residual entry
-    # relative to the largest lag entry; inf if a map has rank above r (1e-10 relative)
+    # relative to the largest lag entry (per_lag: the largest ‖residual_ℓ‖_F / ‖L_ℓ‖_F over the
+    # non-zero lags); inf if a map has rank above r (1e-10 relative)
     lags = ssm.lags(n).detach().to(torch.float64).numpy().reshape(n, -1)
     if not np.abs(lags).max() > 0:
         return 0.0
@@ -191,7 +228,11 @@ def _lags_residual(ssm: Any, n: int, V: np.ndarray, r: int) -> float:
     if len(flat) == 0:
         return 1.0
     coef = np.linalg.lstsq(flat.T, lags.T, rcond=None)[0]
-    return float(np.abs(flat.T @ coef - lags.T).max() / np.abs(lags).max())
+    residual = (flat.T @ coef - lags.T).T                                 # (n, pd)
+    if per_lag:
+        norms = np.linalg.norm(lags, axis=1)
+        return float((np.linalg.norm(residual, axis=1)[norms > 0] / norms[norms > 0]).max())
+    return float(np.abs(residual).max() / np.abs(lags).max())
 
 
 def _rank(M: np.ndarray) -> int:

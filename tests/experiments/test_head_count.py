@@ -26,6 +26,8 @@ from experiments.head_count import (
     lag_energy_count,
     lag_span_bound,
     map_head_bounds,
+    memory_output_error,
+    memoryless_output_error,
     memoryless_softmax_heads,
     minimal_polynomial_degree,
     modal_lag_span_dimension,
@@ -54,7 +56,9 @@ from experiments.head_count import (
     worst_conditioned_tokens,
 )
 from lib import (
+    DiagonalSSM,
     LinearSSM,
+    SharedStateSSM,
     fit_rank_limited_heads,
     RelativeHeads,
     SoftmaxAttention,
@@ -661,6 +665,54 @@ def test_output_relative_error_against_the_optimal_heads_and_the_fit():
     assert output_relative_error(zero, n, np.zeros((0, 3, 2))) == 0.0
 
 
+def _dense_operator(ssm, n):
+    """𝒲 (n, n, p, d) read off the forward pass on the n·d unit impulses (no lags)."""
+    impulses = torch.eye(n * ssm.d, dtype=torch.float64).reshape(n * ssm.d, n, ssm.d)
+    with torch.no_grad():
+        Y = ssm.to(torch.float64)(impulses).numpy()  # Y[j·d + b, i, a] = 𝒲_ij[a, b]
+    return Y.reshape(n, ssm.d, n, ssm.p).transpose(2, 0, 3, 1)
+
+
+@pytest.mark.parametrize("ssm", [DiagonalSSM.random(3, 4, seed=2), SharedStateSSM.random(3, 4, seed=1),
+                                 LinearSSM.random(3, 2, 3, seed=4)], ids=["S4D layer", "S5 layer", "LinearSSM"])
+def test_memory_output_errors_against_the_dense_operator(ssm):
+    # Another route: the operator 𝒲 from impulses, the fitted operator Σ_h c_{h,i−j} V_h with
+    # the coefficients of numpy least squares lag by lag, and the Frobenius norms of their
+    # strictly causal parts (the memory, i > j) and of everything (white tokens).
+    n, (p, d) = 7, (ssm.p, ssm.d)
+    W = _dense_operator(ssm, n)
+    i, j = np.tril_indices(n, -1)
+    total, memory = (W ** 2).sum(), (W[i, j] ** 2).sum()
+    assert memoryless_output_error(ssm, n) == pytest.approx(np.sqrt(memory / total), rel=1e-10)
+    V = np.random.default_rng(0).standard_normal((2, p, d))
+    lags = np.stack([W[ell, 0] for ell in range(n)]).reshape(n, -1)
+    coef = np.linalg.lstsq(V.reshape(2, -1).T, lags.T, rcond=None)[0]  # (2, n)
+    fitted = (V.reshape(2, -1).T @ coef).T.reshape(n, p, d)
+    miss = ((W[i, j] - fitted[i - j]) ** 2).sum()
+    assert memory_output_error(ssm, n, V) == pytest.approx(np.sqrt(miss / memory), rel=1e-8)
+    # no heads: all the memory missed; all lags as maps: none missed; and the split of e_y
+    assert memory_output_error(ssm, n, np.zeros((0, p, d))) == 1.0
+    assert memory_output_error(ssm, n, lags.reshape(n, p, d)) < 1e-7
+    e_y, e_mem, e_0 = output_relative_error(ssm, n, V), memory_output_error(ssm, n, V), memoryless_output_error(ssm, n)
+    assert e_y >= e_0 * e_mem * (1 - 1e-12)
+
+
+def test_memory_output_errors_check_their_arguments():
+    ssm = LinearSSM.random(3, 2, 3, seed=4)
+    with pytest.raises(ValueError, match="n must be"):
+        memoryless_output_error(ssm, 0)
+    with pytest.raises(TypeError, match="ssm must be"):
+        memoryless_output_error("ssm", 4)
+    with pytest.raises(ValueError, match=r"values must be a finite \(H, p, d\) = \(H, 3, 2\)"):
+        memory_output_error(ssm, 4, np.zeros((1, 2, 3)))
+    with pytest.raises(ValueError, match="n must be"):
+        memory_output_error(ssm, 0, np.zeros((1, 3, 2)))
+    assert memory_output_error(ssm, 1, np.zeros((0, 3, 2))) == 0.0   # n = 1: no memory to miss
+    assert memoryless_output_error(ssm, 1) == 0.0
+    zero = LinearSSM(np.eye(3) / 2, np.ones((3, 2)), np.zeros((3, 3)))  # the zero map
+    assert memoryless_output_error(zero, 4) == 0.0 and memory_output_error(zero, 4, np.zeros((0, 3, 2))) == 0.0
+
+
 def test_prop_rank_limited_heads_damped_rotation_closed_forms():
     # One rank-one head: σ_2² + σ_1²/2 (attained); two: σ_2²/2, approached by rank_one_pair (error − σ_2²/2 =
     # O(t²)) and never reached by the optimiser; three: 0 (RelativeHeads with the triple, population error);
@@ -1184,6 +1236,20 @@ def test_thm_rank_limited_heads_survey_counts_built_maps_that_miss_a_lag(monkeyp
     monkeypatch.setattr(hc, "rank_limited_values", lambda ssm, r, n: np.eye(2)[None])  # I alone: misses J
     broken = hc.rank_limited_survey(rotation, 8, 2, [], lambda H: [1.0, 0.71, 0.0][H])
     assert broken["built"] > 0.1 and broken["failures"] == 1
+
+
+def test_thm_rank_limited_heads_built_residual_per_lag_and_per_largest_entry(monkeypatch):
+    # Closed forms: lags L_0 = 100 E_11, L_1 = E_12 + ε E_21 and maps E_11, E_12 (rank one): the
+    # residual is ε E_21 at ℓ = 1, so ε/100 relative to the largest lag entry, ε/√(1 + ε²) per lag.
+    import experiments.head_count as hc
+    eps = 1e-3
+    model = RelativeHeads(np.array([[[100.0, 0], [0, 0]], [[0, 1.0], [eps, 0]]]), np.eye(2))
+    maps = np.array([[[1.0, 0], [0, 0]], [[0, 1.0], [0, 0]]])
+    monkeypatch.setattr(hc, "rank_limited_values", lambda ssm, r, n: maps)
+    assert hc.built_values_residual(model, 2, 1) == pytest.approx(eps / 100, rel=1e-9)
+    assert hc.built_values_residual(model, 2, 1, per_lag=True) == pytest.approx(eps / np.hypot(1, eps), rel=1e-9)
+    with pytest.raises(TypeError, match="per_lag must be a bool"):
+        hc.built_values_residual(model, 2, 1, per_lag=1)
 
 
 @pytest.mark.parametrize("r", [1, 2, 3])

@@ -646,6 +646,22 @@ def test_thm_rank_limited_heads_tight_criterion_raises_the_lower_bound():
     assert rank_limited_heads(spanned_by(np.eye(4), np.diag([1.0, 1, 3, 3])), 2, 2) == (2, 2)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_thm_rank_limited_heads_non_commuting_restrictions_raise_the_lower_bound(seed):
+    # span{5I, T_1, T_2}, T_i random upper triangular 3 × 3: k = 3, a generic M is invertible
+    # (m = 3, r = 1), and every M⁻¹N is upper triangular, so its eigenvalues are real (the ratios
+    # of the diagonals, distinct: eigenspaces of dimension 1 = r). Only the commutator decides:
+    # generic T_1, T_2 give non-commuting M⁻¹N, (b) of part 4 fails, H_1 >= 4 (part 3 gives 3).
+    g = np.random.default_rng(seed)
+    T1, T2 = np.triu(g.standard_normal((3, 3))), np.triu(g.standard_normal((3, 3)))
+    K = np.linalg.solve(5 * np.eye(3) + T1, T2)  # one restriction: real eigenvalues, as stated
+    assert np.abs(np.linalg.eigvals(K).imag).max() == 0
+    lower, upper = rank_limited_heads(spanned_by(5 * np.eye(3), T1, T2), 1, 3)
+    assert lower == 4 and upper >= lower
+    # commuting triangulars (polynomials in one T): (b) holds, the part-4 maps give H_1 = 3
+    assert rank_limited_heads(spanned_by(5 * np.eye(3), T1, T1 @ T1), 1, 3) == (3, 3)
+
+
 def test_thm_rank_limited_heads_damped_rotation_needs_three_rank_one_heads():
     rotation = LinearSSM.damped_rotation(0.9, 0.6)
     assert rank_limited_heads(rotation, 1, 32) == (3, 3)
