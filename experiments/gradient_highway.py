@@ -2131,10 +2131,17 @@ def alibi_gain_limit(two_S: float, slope: float, D: int) -> float:
 
 def alibi_full_strength_reach(two_S: float, slope: float, eps: float) -> int:
     """The largest D >= 0 with ᾱ_D >= 1 − ε (`alibi_weight_limit`): beyond it no bounded input gives a key
-    at distance D the weight 1 − ε that J ≈ V_h needs (‖J − V_h‖_F >= (1 − α)‖V_h P_{g⊥}‖_F)."""
+    at distance D the weight 1 − ε that J ≈ V_h needs (‖J − V_h‖_F >= (1 − α)‖V_h P_{g⊥}‖_F).
+
+    Σ_{m<=D} e^{βm} <= c, c = e^{2S} ε/(1 − ε), i.e. D <= ln(1 + c(1 − e^{−β}))/β, evaluated in logs
+    (ln(1 + e^x) with x = ln c + ln(1 − e^{−β})), so that large 2S (fan-in, d = 4096: 2S ≈ 1220) does
+    not overflow."""
     beta = float(slope)
-    c = math.exp(two_S) * eps / (1 - eps)                     # Σ_{m<=D} e^{βm} <= c
-    return max(0, math.floor(math.log1p(c * math.expm1(beta) * math.exp(-beta)) / beta))
+    if not (0 < eps < 1 and beta > 0):
+        raise ValueError(f"need 0 < eps < 1 and slope > 0; got eps={eps!r}, slope={slope!r}")
+    x = two_S + math.log(eps / (1 - eps)) + math.log(-math.expm1(-beta))
+    log1p_exp = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+    return max(0, math.floor(log1p_exp / beta))
 
 
 def alibi_binding_distance(two_S: float, slope: float) -> int:

@@ -2433,3 +2433,21 @@ def test_alibi_gain_limit_is_the_largest_f_up_to_the_weight_limit():
                 assert alibi_gain_limit(two_S, beta, D) == pytest.approx(brute, rel=1e-8)
                 clipped += top > (1 + two_S) / (2 * two_S)
     assert clipped > 0
+
+
+@pytest.mark.parametrize("two_S, beta", [(1220.0, 2.0 ** -0.125), (1220.0, 1.0), (800.0, 2.0), (6.0, 0.1)])
+def test_alibi_full_strength_reach_in_logs_matches_a_direct_sum_in_high_precision(two_S, beta):
+    # S5 finding 7: e^{2ζ} overflowed a float for 2ζ >~ 709 (fan-in at d = 4096 has 2ζ ≈ 1220). The direct
+    # definition — the largest D with Σ_{m<=D} e^{βm} <= e^{2ζ} ε/(1 − ε) — by a running sum in mpmath.
+    from mpmath import exp, mp, mpf
+
+    mp.dps = 60
+    eps = 0.1
+    c, total, D = exp(mpf(two_S)) * mpf(eps) / (1 - mpf(eps)), mpf(0), 0
+    while total + exp(mpf(beta) * (D + 1)) <= c:
+        D, total = D + 1, total + exp(mpf(beta) * (D + 1))
+    assert gh.alibi_full_strength_reach(two_S, beta, eps) == D
+    if two_S > 709:  # large-ζ asymptote: D = ⌊(2ζ + ln(ε/(1 − ε)) + ln(1 − e^{−β}))/β⌋
+        assert D == math.floor((two_S + math.log(eps / (1 - eps)) + math.log(-math.expm1(-beta))) / beta)
+    with pytest.raises(ValueError, match="eps"):
+        gh.alibi_full_strength_reach(two_S, beta, 1.0)
