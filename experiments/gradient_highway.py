@@ -1374,6 +1374,55 @@ def price_bound_sup(S: float, i: int) -> float:
     return alpha * (1 + 2 * S * (1 - alpha))
 
 
+def direction_price_horizon(S: float, V: Any, eps: float) -> float:
+    """ln of the largest number i − 1 of other keys at which a one-head layer without bias, content scores
+    in [−S, S], can have ‖J_ij − V‖₂ <= ε‖V‖₂, by the direction condition of {prf:ref}`cor-attention-price` 1.
+
+    J − V = V[(α − 1)I + α(x_j − x̄_i)gᵀ] is (α − 1)V on g⊥, so ‖J − V‖₂ >= (1 − α)‖V P_{g⊥}‖₂ >= (1 − ᾱ_i)σ₂(V)
+    (σ₂ the second singular value: every (d − 1)-dimensional restriction of V keeps at least σ₂), with
+    ᾱ_i = 1/(1 + (i − 1)e^{−2S}). A highway needs (1 − ᾱ_i)σ₂ <= εσ₁, i.e. i − 1 <= e^{2S} r/(1 − r) with
+    r = εσ₁/σ₂; inf when r >= 1 (no condition: e.g. d = 1 or V of rank 1, the row space along g possible).
+    V: (p, d), the head's value map."""
+    sigma = np.linalg.svd(_array(V), compute_uv=False)
+    if not (0 < eps < 1):
+        raise ValueError(f"eps must lie in (0, 1); got {eps!r}")
+    if len(sigma) < 2 or eps * sigma[0] >= sigma[1]:
+        return math.inf
+    r = eps * sigma[0] / sigma[1]
+    return 2 * S + math.log(r / (1 - r))
+
+
+def best_highway_gap(attention: SoftmaxAttention, i: int, R: float, *, starts: int = 16, steps: int = 300,
+                     seed: Any = 0) -> tuple[float, np.ndarray]:
+    """(smallest ‖J_{i0} − V‖₂/‖V‖₂ found, its input (i + 1, d)): a search for a one-hop highway from the first
+    token to query i (0-based) of head 0 over inputs with every token of norm <= R (x = R y/max(‖y‖, 1)).
+
+    Adam on `starts` random starts at once for `steps` steps, on J = α V[I + (x_j − x̄_i)gᵀ] (one head, no
+    bias; {prf:ref}`cor-attention-price`). A search, not a proof: it gives an upper limit on the least gap
+    (the input it returns attains it; compare `lib.jacobian_blocks`), the bounds give lower limits."""
+    W_Q, W_K = attention.W_Q[0].detach(), attention.W_K[0].detach()
+    V = attention.values()[0].detach()
+    gen = torch.Generator().manual_seed(int(seed))
+    Y = torch.randn(starts, i + 1, attention.d, generator=gen, dtype=V.dtype).requires_grad_()
+
+    def gaps(Y):
+        X = R * Y / Y.norm(dim=-1, keepdim=True).clamp(min=1.0)
+        g = X[:, i] @ W_Q.T @ W_K / math.sqrt(attention.d_k)                      # (starts, d)
+        alpha = torch.softmax(torch.einsum("bd,btd->bt", g, X), -1)
+        spread = X[:, 0] - torch.einsum("bt,btd->bd", alpha, X)
+        J = alpha[:, 0, None, None] * (V + torch.einsum("pd,bd,be->bpe", V, spread, g))
+        return torch.linalg.matrix_norm(J - V, 2) / torch.linalg.matrix_norm(V, 2), X
+
+    opt = torch.optim.Adam([Y], lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        gaps(Y)[0].sum().backward()
+        opt.step()
+    G, X = gaps(Y.detach())
+    k = int(G.argmin())
+    return float(G[k]), X[k].numpy()
+
+
 def standard_lin_stack(d: int, depth: int, *, state_size: int = 8, residual: bool = True, seed: Any = 0) -> Stack:
     """`depth` S4D-Lin layers at S4D's standard initialisation, `DiagonalSSM.random(d, state_size, "lin")`
     with steps log-uniform in STANDARD_STEPS (skip D included), one SeedSequence stream per layer."""

@@ -2451,3 +2451,40 @@ def test_alibi_full_strength_reach_in_logs_matches_a_direct_sum_in_high_precisio
         assert D == math.floor((two_S + math.log(eps / (1 - eps)) + math.log(-math.expm1(-beta))) / beta)
     with pytest.raises(ValueError, match="eps"):
         gh.alibi_full_strength_reach(two_S, beta, 1.0)
+
+
+def test_cor_attention_price_1_direction_horizon_is_the_last_position_the_second_singular_value_allows():
+    # S5 finding 1: ‖J − V‖₂ >= (1 − ᾱ_i)σ₂(V) bounds a highway of accuracy ε to i − 1 <= e^{2ζ} r/(1 − r),
+    # r = εσ₁/σ₂. Against a loop over positions with `weight_bound` and the singular values from numpy.
+    single = SoftmaxAttention.random(4, 4, seed=0)
+    cases = [(gh.score_bound(single, 1.5), arr(single.values()[0]))]
+    rng = np.random.default_rng(3)
+    cases += [(S, rng.standard_normal((3, 3))) for S in (0.5, 1.0, 2.0, 3.0)]
+    for S, V in cases:
+        sigma = np.linalg.svd(V, compute_uv=False)
+        ok = [(1 - gh.weight_bound(S, np.zeros(i + 1), i, 0)) * sigma[1] <= 0.1 * sigma[0] for i in range(1, 400)]
+        last = max(i for i, fine in zip(range(1, 400), ok) if fine) if ok[0] else 0  # other keys
+        assert not any(ok[last:])  # the condition fails from there on
+        assert math.floor(math.exp(gh.direction_price_horizon(S, V, 0.1))) == last
+    assert math.floor(math.exp(gh.direction_price_horizon(*cases[0], 0.1))) + 1 == 4  # position 4 on the page
+    assert gh.direction_price_horizon(1.0, np.array([[1.0]]), 0.1) == math.inf  # d = 1: no condition
+    assert gh.direction_price_horizon(1.0, np.outer([1.0, 2.0], [3.0, 1.0]), 0.1) == math.inf  # rank 1
+
+
+def test_cor_attention_price_1_highway_search_finds_the_attained_example_and_respects_the_direction_bound():
+    # The search reaches the 1-d example's attained value at position 11 (a 10 % highway) and its value at 12;
+    # on the small head it finds nothing below the σ₂ lower bound, and its input's J is autograd's.
+    one_d = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    for i in (10, 11):
+        alpha = 1 / (1 + i * math.exp(-2.0))
+        found, _ = gh.best_highway_gap(one_d, i, 1.0)
+        assert found == pytest.approx(1 - alpha * (1 + 2 * (1 - alpha)), abs=1e-6)
+    single = SoftmaxAttention.random(4, 4, seed=0)
+    S, V = gh.score_bound(single, 1.5), arr(single.values()[0])
+    sigma = np.linalg.svd(V, compute_uv=False)
+    for i in (1, 3):
+        found, X = gh.best_highway_gap(single, i, 1.5, starts=8, steps=200)
+        assert found >= (1 - gh.weight_bound(S, np.zeros(i + 1), i, 0)) * sigma[1] / sigma[0]
+        assert (np.linalg.norm(X, axis=1) <= 1.5 + 1e-12).all()
+        J = jacobian_blocks(single, X, i)[0]
+        assert np.linalg.norm(J - V, 2) / np.linalg.norm(V, 2) == pytest.approx(found, rel=1e-9)
