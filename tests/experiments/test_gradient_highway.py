@@ -2488,3 +2488,33 @@ def test_cor_attention_price_1_highway_search_finds_the_attained_example_and_res
         assert (np.linalg.norm(X, axis=1) <= 1.5 + 1e-12).all()
         J = jacobian_blocks(single, X, i)[0]
         assert np.linalg.norm(J - V, 2) / np.linalg.norm(V, 2) == pytest.approx(found, rel=1e-9)
+
+
+def test_prop_attention_highway_1_with_alibi_the_margin_over_the_newest_key_can_fall():
+    # S5 finding 2: with ALiBi (β = 0.1) the content margin s_ij − s_ii that weight 1 − ε needs at lag D = 10 is
+    # not the unbiased one plus βD: the bias also discounts an old key (lag 100, content score 10; every
+    # other content score 0), and the margin falls from ln(99 + e^{10}) + logit = 16.91 to 10.32. What stays
+    # true is the necessary condition from the newest key alone, s_ij − s_ii >= βD + ln((1 − ε)/ε).
+    i, D, beta, eps = 100, 10, 0.1, 1e-3
+    W_Q, W_K = np.eye(2)[None], np.array([[[0.0, 1.0], [1.0, 0.0]]])  # s_it = x_t[1]/√2 for x_i = (1, 0)
+    plain = SoftmaxAttention(W_Q, W_K, np.eye(2)[None], np.eye(2)[None])
+    alibi = gh.with_position_bias(plain, -beta * np.arange(i + 1))
+    X = np.tile([1.0, 0.0], (i + 1, 1))
+    X[0] = [0.0, 10.0 * math.sqrt(2.0)]  # content score 10 at lag 100
+    logit = math.log((1 - eps) / eps)
+    lags = np.delete(np.arange(i), D)  # the newer keys' lags 0..99 except D
+    expected = {  # closed forms of lse_{t≠j} z_it + logit − b[D] − s_ii, summed by hand
+        plain: math.log(len(lags) + math.exp(10.0)) + logit,
+        alibi: math.log(math.exp(10.0 - beta * i) + np.exp(-beta * lags).sum()) + logit + beta * D,
+    }
+    for model, margin in expected.items():
+        score, _ = gh.key_price(model, X, i, i - D, eps)
+        bias = 0.0 if model is plain else -beta * D
+        assert score - bias == pytest.approx(margin, rel=1e-12)  # s_ii = 0
+        planted = X.copy()
+        planted[i - D] = [0.0, (score - bias) * math.sqrt(2.0)]  # content score s_ij = score − b[D]
+        weight = model.weights(torch.from_numpy(planted))[0, i, i - D].item()
+        assert weight == pytest.approx(1 - eps, rel=1e-12)
+    assert expected[plain] == pytest.approx(16.911, abs=1e-3) and expected[alibi] == pytest.approx(10.317, abs=1e-3)
+    assert expected[alibi] - expected[plain] < -6 < beta * D  # it falls, though βD = 1
+    assert expected[alibi] >= beta * D + logit  # the necessary condition from the newest key
