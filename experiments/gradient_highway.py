@@ -2197,7 +2197,7 @@ def alibi_binding_distance(two_S: float, slope: float) -> int:
     """The first D >= 1 at which the sharper bound of {prf:ref}`cor-attention-price` 2, f(min(ᾱ_D, α*))‖V‖₂
     (`alibi_gain_limit`), is below ‖V‖₂: from there on every input of norm <= R attenuates the key at
     distance D (the bound falls with D). Compare `alibi_reach`, where the envelope (1 + 2S)e^{2S − βD}
-    falls below ‖V‖₂, which is later."""
+    falls below ‖V‖₂, which is no earlier."""
     return alibi_gain_reach(two_S, slope, 1.0) + 1
 
 
