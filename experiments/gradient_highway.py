@@ -2188,9 +2188,18 @@ def alibi_full_strength_reach(two_S: float, slope: float, eps: float) -> int:
     beta = float(slope)
     if not (0 < eps < 1 and beta > 0):
         raise ValueError(f"need 0 < eps < 1 and slope > 0; got eps={eps!r}, slope={slope!r}")
-    x = two_S + math.log(eps / (1 - eps)) + math.log(-math.expm1(-beta))
+    log_c = two_S + math.log(eps / (1 - eps))
+    x = log_c + math.log(-math.expm1(-beta))
     log1p_exp = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
-    return max(0, math.floor(log1p_exp / beta))
+    D = max(0, math.floor(log1p_exp / beta))
+    # ln Σ_{m<=D} e^{βm} = βD + ln(1 − e^{−βD}) − ln(1 − e^{−β}); settle ties (ᾱ_D = 1 − ε) by the definition
+    log_sum = lambda D: beta * D + math.log(-math.expm1(-beta * D)) - math.log(-math.expm1(-beta))
+    tol = 1e-12 * max(1.0, abs(log_c))
+    while log_sum(D + 1) <= log_c + tol:
+        D += 1
+    while D > 0 and log_sum(D) > log_c + tol:
+        D -= 1
+    return D
 
 
 def alibi_binding_distance(two_S: float, slope: float) -> int:

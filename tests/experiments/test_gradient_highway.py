@@ -2518,3 +2518,10 @@ def test_prop_attention_highway_1_with_alibi_the_margin_over_the_newest_key_can_
     assert expected[plain] == pytest.approx(16.911, abs=1e-3) and expected[alibi] == pytest.approx(10.317, abs=1e-3)
     assert expected[alibi] - expected[plain] < -6 < beta * D  # it falls, though βD = 1
     assert expected[alibi] >= beta * D + logit  # the necessary condition from the newest key
+
+
+@pytest.mark.parametrize("two_S, beta", [(0.01, 0.01), (1.0, 1.0), (3.0, 3.0)])
+def test_alibi_full_strength_reach_counts_a_tie_as_reached(two_S, beta):
+    # ε = 1/2 and 2ζ = β: Σ_{m<=1} e^{βm} = e^β = e^{2ζ}ε/(1 − ε) exactly, so ᾱ_1 = 1 − ε and D = 1 qualifies.
+    assert gh.alibi_weight_limit(two_S, beta, 1) == pytest.approx(0.5, rel=1e-12)
+    assert gh.alibi_full_strength_reach(two_S, beta, 0.5) == 1
