@@ -1374,6 +1374,55 @@ def price_bound_sup(S: float, i: int) -> float:
     return alpha * (1 + 2 * S * (1 - alpha))
 
 
+def direction_price_horizon(S: float, V: Any, eps: float) -> float:
+    """ln of the largest number i − 1 of other keys at which a one-head layer without bias, content scores
+    in [−S, S], can have ‖J_ij − V‖₂ <= ε‖V‖₂, by the direction condition of {prf:ref}`cor-attention-price` 1.
+
+    J − V = V[(α − 1)I + α(x_j − x̄_i)gᵀ] is (α − 1)V on g⊥, so ‖J − V‖₂ >= (1 − α)‖V P_{g⊥}‖₂ >= (1 − ᾱ_i)σ₂(V)
+    (σ₂ the second singular value: every (d − 1)-dimensional restriction of V keeps at least σ₂), with
+    ᾱ_i = 1/(1 + (i − 1)e^{−2S}). A highway needs (1 − ᾱ_i)σ₂ <= εσ₁, i.e. i − 1 <= e^{2S} r/(1 − r) with
+    r = εσ₁/σ₂; inf when r >= 1 (no condition: e.g. d = 1 or V of rank 1, the row space along g possible).
+    V: (p, d), the head's value map."""
+    sigma = np.linalg.svd(_array(V), compute_uv=False)
+    if not (0 < eps < 1):
+        raise ValueError(f"eps must lie in (0, 1); got {eps!r}")
+    if len(sigma) < 2 or eps * sigma[0] >= sigma[1]:
+        return math.inf
+    r = eps * sigma[0] / sigma[1]
+    return 2 * S + math.log(r / (1 - r))
+
+
+def best_highway_gap(attention: SoftmaxAttention, i: int, R: float, *, starts: int = 16, steps: int = 300,
+                     seed: Any = 0) -> tuple[float, np.ndarray]:
+    """(smallest ‖J_{i0} − V‖₂/‖V‖₂ found, its input (i + 1, d)): a search for a one-hop highway from the first
+    token to query i (0-based) of head 0 over inputs with every token of norm <= R (x = R y/max(‖y‖, 1)).
+
+    Adam on `starts` random starts at once for `steps` steps, on J = α V[I + (x_j − x̄_i)gᵀ] (one head, no
+    bias; {prf:ref}`cor-attention-price`). A search, not a proof: it gives an upper limit on the least gap
+    (the input it returns attains it; compare `lib.jacobian_blocks`), the bounds give lower limits."""
+    W_Q, W_K = attention.W_Q[0].detach(), attention.W_K[0].detach()
+    V = attention.values()[0].detach()
+    gen = torch.Generator().manual_seed(int(seed))
+    Y = torch.randn(starts, i + 1, attention.d, generator=gen, dtype=V.dtype).requires_grad_()
+
+    def gaps(Y):
+        X = R * Y / Y.norm(dim=-1, keepdim=True).clamp(min=1.0)
+        g = X[:, i] @ W_Q.T @ W_K / math.sqrt(attention.d_k)                      # (starts, d)
+        alpha = torch.softmax(torch.einsum("bd,btd->bt", g, X), -1)
+        spread = X[:, 0] - torch.einsum("bt,btd->bd", alpha, X)
+        J = alpha[:, 0, None, None] * (V + torch.einsum("pd,bd,be->bpe", V, spread, g))
+        return torch.linalg.matrix_norm(J - V, 2) / torch.linalg.matrix_norm(V, 2), X
+
+    opt = torch.optim.Adam([Y], lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        gaps(Y)[0].sum().backward()
+        opt.step()
+    G, X = gaps(Y.detach())
+    k = int(G.argmin())
+    return float(G[k]), X[k].numpy()
+
+
 def standard_lin_stack(d: int, depth: int, *, state_size: int = 8, residual: bool = True, seed: Any = 0) -> Stack:
     """`depth` S4D-Lin layers at S4D's standard initialisation, `DiagonalSSM.random(d, state_size, "lin")`
     with steps log-uniform in STANDARD_STEPS (skip D included), one SeedSequence stream per layer."""
@@ -2132,17 +2181,33 @@ def alibi_gain_limit(two_S: float, slope: float, D: int) -> float:
 
 def alibi_full_strength_reach(two_S: float, slope: float, eps: float) -> int:
     """The largest D >= 0 with ᾱ_D >= 1 − ε (`alibi_weight_limit`): beyond it no bounded input gives a key
-    at distance D the weight 1 − ε that J ≈ V_h needs (‖J − V_h‖_F >= (1 − α)‖V_h P_{g⊥}‖_F)."""
+    at distance D the weight 1 − ε that J ≈ V_h needs (‖J − V_h‖_F >= (1 − α)‖V_h P_{g⊥}‖_F).
+
+    Σ_{m<=D} e^{βm} <= c, c = e^{2S} ε/(1 − ε), i.e. D <= ln(1 + c(1 − e^{−β}))/β, evaluated in logs
+    (ln(1 + e^x) with x = ln c + ln(1 − e^{−β})), so that large 2S (fan-in, d = 4096: 2S ≈ 1220) does
+    not overflow."""
     beta = float(slope)
-    c = math.exp(two_S) * eps / (1 - eps)                     # Σ_{m<=D} e^{βm} <= c
-    return max(0, math.floor(math.log1p(c * math.expm1(beta) * math.exp(-beta)) / beta))
+    if not (0 < eps < 1 and beta > 0):
+        raise ValueError(f"need 0 < eps < 1 and slope > 0; got eps={eps!r}, slope={slope!r}")
+    log_c = two_S + math.log(eps / (1 - eps))
+    x = log_c + math.log(-math.expm1(-beta))
+    log1p_exp = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+    D = max(0, math.floor(log1p_exp / beta))
+    # ln Σ_{m<=D} e^{βm} = βD + ln(1 − e^{−βD}) − ln(1 − e^{−β}); settle ties (ᾱ_D = 1 − ε) by the definition
+    log_sum = lambda D: beta * D + math.log(-math.expm1(-beta * D)) - math.log(-math.expm1(-beta))
+    tol = 1e-12 * max(1.0, abs(log_c))
+    while log_sum(D + 1) <= log_c + tol:
+        D += 1
+    while D > 0 and log_sum(D) > log_c + tol:
+        D -= 1
+    return D
 
 
 def alibi_binding_distance(two_S: float, slope: float) -> int:
     """The first D >= 1 at which the sharper bound of {prf:ref}`cor-attention-price` 2, f(min(ᾱ_D, α*))‖V‖₂
     (`alibi_gain_limit`), is below ‖V‖₂: from there on every input of norm <= R attenuates the key at
     distance D (the bound falls with D). Compare `alibi_reach`, where the envelope (1 + 2S)e^{2S − βD}
-    falls below ‖V‖₂, which is later."""
+    falls below ‖V‖₂, which is no earlier."""
     return alibi_gain_reach(two_S, slope, 1.0) + 1
 
 

@@ -2439,3 +2439,95 @@ def test_alibi_gain_limit_is_the_largest_f_up_to_the_weight_limit():
                 assert alibi_gain_limit(two_S, beta, D) == pytest.approx(brute, rel=1e-8)
                 clipped += top > (1 + two_S) / (2 * two_S)
     assert clipped > 0
+
+
+@pytest.mark.parametrize("two_S, beta", [(1220.0, 2.0 ** -0.125), (1220.0, 1.0), (800.0, 2.0), (6.0, 0.1)])
+def test_alibi_full_strength_reach_in_logs_matches_a_direct_sum_in_high_precision(two_S, beta):
+    # S5 finding 7: e^{2ζ} overflowed a float for 2ζ >~ 709 (fan-in at d = 4096 has 2ζ ≈ 1220). The direct
+    # definition — the largest D with Σ_{m<=D} e^{βm} <= e^{2ζ} ε/(1 − ε) — by a running sum in mpmath.
+    from mpmath import exp, mp, mpf
+
+    mp.dps = 60
+    eps = 0.1
+    c, total, D = exp(mpf(two_S)) * mpf(eps) / (1 - mpf(eps)), mpf(0), 0
+    while total + exp(mpf(beta) * (D + 1)) <= c:
+        D, total = D + 1, total + exp(mpf(beta) * (D + 1))
+    assert gh.alibi_full_strength_reach(two_S, beta, eps) == D
+    if two_S > 709:  # large-ζ asymptote: D = ⌊(2ζ + ln(ε/(1 − ε)) + ln(1 − e^{−β}))/β⌋
+        assert D == math.floor((two_S + math.log(eps / (1 - eps)) + math.log(-math.expm1(-beta))) / beta)
+    with pytest.raises(ValueError, match="eps"):
+        gh.alibi_full_strength_reach(two_S, beta, 1.0)
+
+
+def test_cor_attention_price_1_direction_horizon_is_the_last_position_the_second_singular_value_allows():
+    # S5 finding 1: ‖J − V‖₂ >= (1 − ᾱ_i)σ₂(V) bounds a highway of accuracy ε to i − 1 <= e^{2ζ} r/(1 − r),
+    # r = εσ₁/σ₂. Against a loop over positions with `weight_bound` and the singular values from numpy.
+    single = SoftmaxAttention.random(4, 4, seed=0)
+    cases = [(gh.score_bound(single, 1.5), arr(single.values()[0]))]
+    rng = np.random.default_rng(3)
+    cases += [(S, rng.standard_normal((3, 3))) for S in (0.5, 1.0, 2.0, 3.0)]
+    for S, V in cases:
+        sigma = np.linalg.svd(V, compute_uv=False)
+        ok = [(1 - gh.weight_bound(S, np.zeros(i + 1), i, 0)) * sigma[1] <= 0.1 * sigma[0] for i in range(1, 400)]
+        last = max(i for i, fine in zip(range(1, 400), ok) if fine) if ok[0] else 0  # other keys
+        assert not any(ok[last:])  # the condition fails from there on
+        assert math.floor(math.exp(gh.direction_price_horizon(S, V, 0.1))) == last
+    assert math.floor(math.exp(gh.direction_price_horizon(*cases[0], 0.1))) + 1 == 4  # position 4 on the page
+    assert gh.direction_price_horizon(1.0, np.array([[1.0]]), 0.1) == math.inf  # d = 1: no condition
+    assert gh.direction_price_horizon(1.0, np.outer([1.0, 2.0], [3.0, 1.0]), 0.1) == math.inf  # rank 1
+
+
+def test_cor_attention_price_1_highway_search_finds_the_attained_example_and_respects_the_direction_bound():
+    # The search reaches the 1-d example's attained value at position 11 (a 10 % highway) and its value at 12;
+    # on the small head it finds nothing below the σ₂ lower bound, and its input's J is autograd's.
+    one_d = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    for i in (10, 11):
+        alpha = 1 / (1 + i * math.exp(-2.0))
+        found, _ = gh.best_highway_gap(one_d, i, 1.0)
+        assert found == pytest.approx(1 - alpha * (1 + 2 * (1 - alpha)), abs=1e-6)
+    single = SoftmaxAttention.random(4, 4, seed=0)
+    S, V = gh.score_bound(single, 1.5), arr(single.values()[0])
+    sigma = np.linalg.svd(V, compute_uv=False)
+    for i in (1, 3):
+        found, X = gh.best_highway_gap(single, i, 1.5, starts=8, steps=200)
+        assert found >= (1 - gh.weight_bound(S, np.zeros(i + 1), i, 0)) * sigma[1] / sigma[0]
+        assert (np.linalg.norm(X, axis=1) <= 1.5 + 1e-12).all()
+        J = jacobian_blocks(single, X, i)[0]
+        assert np.linalg.norm(J - V, 2) / np.linalg.norm(V, 2) == pytest.approx(found, rel=1e-9)
+
+
+def test_prop_attention_highway_1_with_alibi_the_margin_over_the_newest_key_can_fall():
+    # S5 finding 2: with ALiBi (β = 0.1) the content margin s_ij − s_ii that weight 1 − ε needs at lag D = 10 is
+    # not the unbiased one plus βD: the bias also discounts an old key (lag 100, content score 10; every
+    # other content score 0), and the margin falls from ln(99 + e^{10}) + logit = 16.91 to 10.32. What stays
+    # true is the necessary condition from the newest key alone, s_ij − s_ii >= βD + ln((1 − ε)/ε).
+    i, D, beta, eps = 100, 10, 0.1, 1e-3
+    W_Q, W_K = np.eye(2)[None], np.array([[[0.0, 1.0], [1.0, 0.0]]])  # s_it = x_t[1]/√2 for x_i = (1, 0)
+    plain = SoftmaxAttention(W_Q, W_K, np.eye(2)[None], np.eye(2)[None])
+    alibi = gh.with_position_bias(plain, -beta * np.arange(i + 1))
+    X = np.tile([1.0, 0.0], (i + 1, 1))
+    X[0] = [0.0, 10.0 * math.sqrt(2.0)]  # content score 10 at lag 100
+    logit = math.log((1 - eps) / eps)
+    lags = np.delete(np.arange(i), D)  # the newer keys' lags 0..99 except D
+    expected = {  # closed forms of lse_{t≠j} z_it + logit − b[D] − s_ii, summed by hand
+        plain: math.log(len(lags) + math.exp(10.0)) + logit,
+        alibi: math.log(math.exp(10.0 - beta * i) + np.exp(-beta * lags).sum()) + logit + beta * D,
+    }
+    for model, margin in expected.items():
+        score, _ = gh.key_price(model, X, i, i - D, eps)
+        bias = 0.0 if model is plain else -beta * D
+        assert score - bias == pytest.approx(margin, rel=1e-12)  # s_ii = 0
+        planted = X.copy()
+        planted[i - D] = [0.0, (score - bias) * math.sqrt(2.0)]  # content score s_ij = score − b[D]
+        weight = model.weights(torch.from_numpy(planted))[0, i, i - D].item()
+        assert weight == pytest.approx(1 - eps, rel=1e-12)
+    assert expected[plain] == pytest.approx(16.911, abs=1e-3) and expected[alibi] == pytest.approx(10.317, abs=1e-3)
+    assert expected[alibi] - expected[plain] < -6 < beta * D  # it falls, though βD = 1
+    assert expected[alibi] >= beta * D + logit  # the necessary condition from the newest key
+
+
+@pytest.mark.parametrize("two_S, beta", [(0.01, 0.01), (1.0, 1.0), (3.0, 3.0)])
+def test_alibi_full_strength_reach_counts_a_tie_as_reached(two_S, beta):
+    # ε = 1/2 and 2ζ = β: Σ_{m<=1} e^{βm} = e^β = e^{2ζ}ε/(1 − ε) exactly, so ᾱ_1 = 1 − ε and D = 1 qualifies.
+    assert gh.alibi_weight_limit(two_S, beta, 1) == pytest.approx(0.5, rel=1e-12)
+    assert gh.alibi_full_strength_reach(two_S, beta, 0.5) == 1
