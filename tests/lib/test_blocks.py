@@ -293,6 +293,22 @@ def test_mamba_block_has_mambas_initialisation_reproducible_from_the_seed():
     assert torch.allclose(torch.nn.functional.softplus(floored.dt_proj.bias), torch.full((8,), 1e-4, dtype=F64))
 
 
+def test_mamba_block_torch_default_draws_are_uniform_at_their_bounds():
+    # Both sides of each torch-default tensor's draw: U(±b) has max |w| just below b, standard deviation
+    # b/√3 and mean 0 (a draw scaled by 0.9, or a Gaussian of another width, fails).
+    block = MambaBlock(64, d_state=16, seed=3)
+    D_in, K = block.d_inner, block.d_conv
+    tensors = {"in_proj.weight": 64, "conv1d.weight": K, "conv1d.bias": K, "x_proj.weight": D_in,
+               "dt_proj.weight": block.dt_rank, "out_proj.weight": D_in}
+    params = dict(block.named_parameters())
+    for name, fan_in in tensors.items():
+        w, bound = params[name].detach().numpy().ravel(), fan_in ** -0.5
+        assert w.size >= 128, name
+        assert 0.95 <= np.abs(w).max() / bound <= 1, name
+        assert abs(w.std() / (bound / np.sqrt(3)) - 1) < 0.1, name
+        assert abs(w.mean()) < 4 * bound / np.sqrt(3 * w.size), name
+
+
 def test_mamba2_block_has_mamba2s_initialisation():
     block = Mamba2Block(16, d_state=4, headdim=8, ngroups=2, A_init_range=(2, 3))
     assert block.nheads == 4 and block.in_proj.weight.shape == (2 * 32 + 2 * 2 * 4 + 4, 16)
