@@ -815,3 +815,109 @@ def dense_span_check(model: SequenceClassifier, X: Any, rtol: float = 1e-10) -> 
         rows.append({"block": m + 1, "heads at X": fast.dim, "dense": dense.dim, "σ error": float(error),
                      "dense σ_D+1/σ_1": beyond})
     return rows
+
+
+# -- the wider Mamba block at mamba.ipynb's budget: an offline run (too slow for the build) ---------
+
+#: Where `python -m experiments.trained_heads wider-mamba` writes its table (committed; the build
+#: does not run it, and `make data` leaves the folder "offline" alone: bookbuild.results).
+WIDER_MAMBA_TABLE = "trained-heads/offline/mamba-wider"
+
+
+def wider_mamba_readings(data: DigitSequences, split: DigitSequences, baseline: Any, *, width: int, state: int,
+                         lrs: Sequence[float], epoch_grid: Sequence[int], seeds: Sequence[int], batch: int,
+                         epsilons: Sequence[float], span_images: int, subsets: int = 2, device: Any = "cpu",
+                         progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """mamba.ipynb's recipe for a Mamba classifier of any width and state, with its readings.
+
+    The page's selection (`select_setting` over lrs × epoch_grid, training seed seeds[0], scored on
+    split's validation images), then seeds[1:] trained at the kept setting (`train_classifier`), as
+    the page does; each seed scored on data's test images against `baseline` (`paired_report`), its
+    fit on split.X_train beside the baseline's, and the mean ε-head count change (`count_change` of
+    `block_head_counts`' "H ε=…", trained against the same seed's initial classifier) over both
+    blocks and per block, on `subsets` consecutive disjoint groups of `span_images` test images
+    (the page reads the first group only). Returns (the selection rows "lr", "epochs",
+    "validation accuracy"; one row per seed: "seed", "lr", "epochs", "fitted images", "baseline
+    fitted", "test accuracy", "only this", "only baseline", "McNemar p", "parameters", then for
+    each group a..b of test images (0-based, inclusive) "mean change a–b", "block m change a–b").
+    """
+    if subsets < 1 or subsets * span_images > len(data.y_test):
+        raise ValueError(f"subsets · span_images must be in [span_images, {len(data.y_test)}]; "
+                         f"got subsets={subsets}, span_images={span_images}")
+    options = {"width": width, "state": state, "batch": batch, "device": device}
+    found, selection = select_setting("mamba", split, lrs, epoch_grid, seed=seeds[0], progress=progress, **options)
+    kept = max(selection, key=lambda r: r["validation accuracy"])  # as select_setting
+    baseline_fit = accuracy(baseline, split.X_train, split.y_train)
+    columns = [f"H ε={e:g}" for e in epsilons]
+    rows = []
+    for s in seeds:
+        model = classifier("mamba", width, state=state, seed=s)
+        initial = as_float64(model)
+        if s != seeds[0]:
+            train_classifier(model, split, epochs=kept["epochs"], lr=kept["lr"], batch=batch, seed=s, device=device,
+                             progress=progress, label=f"mamba d={width} N={state} seed {s}")
+        trained = as_float64(found if s == seeds[0] else model)
+        report = paired_report({"": trained}, baseline, data.X_test, data.y_test)[0]
+        row = {"seed": s, "lr": kept["lr"], "epochs": kept["epochs"],
+               "fitted images": accuracy(trained, split.X_train, split.y_train), "baseline fitted": baseline_fit}
+        row |= {k: report[k] for k in ("test accuracy", "only this", "only baseline", "McNemar p", "parameters")}
+        for k in range(subsets):
+            X = data.X_test[k * span_images:(k + 1) * span_images]
+            before, after = ([[r[c] for c in columns] for r in block_head_counts(m, X, epsilons)]
+                             for m in (initial, trained))
+            where = f"{k * span_images}–{(k + 1) * span_images - 1}"
+            row[f"mean change {where}"] = count_change(before, after)
+            row |= {f"block {b + 1} change {where}": count_change(before[b], after[b]) for b in range(len(before))}
+        rows.append(row)
+    return selection, rows
+
+
+def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (0.03, 0.01),
+                      results: Any = None, progress: Callable[[str], None] | None = print) -> Any:
+    """Run `wider_mamba_readings` with mamba.ipynb's published parameters (data/params.yaml: split,
+    epochs, seeds, batch, baseline C, ε, images) except the width, state and rates given, and write
+    its table `WIDER_MAMBA_TABLE` (selection rows first, "part" = "selection" / "seed") with a
+    .meta.yaml recording how it was made. Returns the csv path."""
+    import datetime
+    import subprocess
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    p = yaml.safe_load((root / "data" / "params.yaml").read_text())["chapters/trained-heads/mamba.ipynb"]["published"]
+    data = load_digit_sequences(p["test_size"], p["split_seed"])
+    split = validation_split(data, p["validation_size"], p["split_seed"])
+    params = {"width": width, "state": state, "lrs": [float(v) for v in lrs], "epoch_grid": p["epoch_grid"],
+              "seeds": p["seeds"], "batch": p["batch"], "epsilons": p["epsilons"],
+              "span_images": p["span_images"], "subsets": 2, "device": p["device"]}
+    selection, rows = wider_mamba_readings(data, split, logistic_baseline(split, p["baseline_C"]), progress=progress,
+                                           **params)
+    table = pd.DataFrame([{"part": "selection"} | r for r in selection] + [{"part": "seed"} | r for r in rows])
+    csv = Path(results or root / "data" / "results") / f"{WIDER_MAMBA_TABLE}.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False, lineterminator="\n")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    meta = {"description": "the wider Mamba block (mamba.ipynb's recipe at another width, state and rates): "
+                           "selection, test accuracy, fit, paired test, count changes",
+            "command": f"python -m experiments.trained_heads wider-mamba {width} {state} "
+                       + " ".join(f"{v:g}" for v in lrs),
+            "commit": commit, "date": datetime.date.today().isoformat(), "offline": True,
+            "params": params | {"baseline_C": p["baseline_C"], "split_seed": p["split_seed"],
+                                "test_size": p["test_size"], "validation_size": p["validation_size"]},
+            "rtol": 0.0, "atol": 0.0}
+    csv.with_name(csv.stem + ".meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
+    return csv
+
+
+if __name__ == "__main__":  # python -m experiments.trained_heads wider-mamba [width state rate ...]
+    import sys
+
+    if sys.argv[1:2] != ["wider-mamba"]:
+        raise SystemExit("usage: python -m experiments.trained_heads wider-mamba [width state rate ...]")
+    given = sys.argv[2:]
+    if given:
+        print(write_wider_mamba(int(given[0]), int(given[1]), [float(v) for v in given[2:]] or (0.03, 0.01)))
+    else:
+        print(write_wider_mamba())
