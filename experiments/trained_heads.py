@@ -727,8 +727,10 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     𝒲^scan the operator of the same block with its skip D_skip = 0: g is linear in ψ, so
     g = g^scan + g^skip exactly, and the two parts interfere within the window, so the shares of
     the scan and the skip need not add to 1), "scan beyond window share" (Σ ‖𝒲^scan_ij‖_F² at lags
-    >= d_conv over all pairs: how far the scan's own operator reaches; 0.0 if n <= d_conv) and
-    "λmin(Ω)/λmax(Ω)". Beyond the window the skip does not act (𝒲 = 𝒲^scan there), so
+    >= d_conv over all pairs: how far the scan's own operator reaches; 0.0 if n <= d_conv), "scan
+    output ratio" (‖Σ_j 𝒲^scan_ij x_j‖ / ‖Σ_j 𝒲_ij x_j‖, Frobenius norms over the images, positions
+    and channels: the scan's part of the linear output against the whole; the skip's part can
+    cancel it, so it can exceed 1) and "λmin(Ω)/λmax(Ω)". Beyond the window the skip does not act (𝒲 = 𝒲^scan there), so
     "beyond window energy" = "scan share" × "scan beyond window share". The count is that of the
     linear part 𝒲 of the block; the offset β (the additive biases, `block_offsets`) is not a head.
     """
@@ -739,6 +741,8 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
             skip = torch.eye(P.shape[1], dtype=P.dtype)[None, :, :, None] * layer.D * torch.sigmoid(c)[:, None]
             g, g_scan = (layer._combine(pieces, s).to(torch.float64) for pieces in (P, P - skip))
             U, V = (t.detach().to(torch.float64) for t in layer.factors())
+            VX = torch.from_numpy(inputs).to(torch.float64) @ V.T  # (b, n, D): Σ_j 𝒲_ij x_j = U Σ_j g_ij ⊙ V x_j
+            outputs = [torch.linalg.norm(torch.einsum("bijq,bjq->biq", h, VX) @ U.T) for h in (g, g_scan)]
         i, j = torch.tril_indices(g.shape[1], g.shape[1])
         lag, g, g_scan = i - j, g[:, i, j], g_scan[:, i, j]  # (b, pairs, D)
         inside, beyond = lag < layer.d_conv, lag >= layer.d_conv
@@ -762,6 +766,7 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
                        for e in epsilons}
                     | {"beyond window energy": energy_far, "scan share": scan / total,
                        "scan beyond window share": energy(g_scan[:, beyond]) / scan,
+                       "scan output ratio": float(outputs[1] / outputs[0]),
                        "λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
