@@ -832,7 +832,7 @@ WIDER_MAMBA_TABLE = "trained-heads/offline/mamba-wider"
 def wider_mamba_readings(data: DigitSequences, split: DigitSequences, baseline: Any, *, width: int, state: int,
                          lrs: Sequence[float], epoch_grid: Sequence[int], seeds: Sequence[int], batch: int,
                          epsilons: Sequence[float], span_images: int, subsets: int = 2, device: Any = "cpu",
-                         progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
+                         progress: Callable[[str], None] | None = None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
     """mamba.ipynb's recipe for a Mamba classifier of any width and state, with its readings.
 
     The page's selection (`select_setting` over lrs × epoch_grid, training seed seeds[0], scored on
@@ -850,18 +850,20 @@ def wider_mamba_readings(data: DigitSequences, split: DigitSequences, baseline: 
         raise ValueError(f"subsets · span_images must be in [span_images, {len(data.y_test)}]; "
                          f"got subsets={subsets}, span_images={span_images}")
     options = {"width": width, "state": state, "batch": batch, "device": device}
-    found, selection = select_setting("mamba", split, lrs, epoch_grid, seed=seeds[0], progress=progress, **options)
+    # one selection run per rate, independent (select_setting's runs), so run side by side when jobs > 1
+    runs = _starmap(select_setting, [("mamba", split, [lr], epoch_grid) for lr in lrs],
+                    {"seed": seeds[0], "progress": progress, **options}, jobs)
+    selection = [r for _, rows in runs for r in rows]  # in the order of lrs: select_setting's ties
     kept = max(selection, key=lambda r: r["validation accuracy"])  # as select_setting
+    found = runs[[lr for lr in lrs].index(kept["lr"])][0]
+    models = dict(zip(seeds[1:], _starmap(_trained_at, [(s, kept["lr"], kept["epochs"]) for s in seeds[1:]],
+                                          {"split": split, "progress": progress, **options}, jobs)))
     baseline_fit = accuracy(baseline, split.X_train, split.y_train)
     columns = [f"H ε={e:g}" for e in epsilons]
     rows = []
     for s in seeds:
-        model = classifier("mamba", width, state=state, seed=s)
-        initial = as_float64(model)
-        if s != seeds[0]:
-            train_classifier(model, split, epochs=kept["epochs"], lr=kept["lr"], batch=batch, seed=s, device=device,
-                             progress=progress, label=f"mamba d={width} N={state} seed {s}")
-        trained = as_float64(found if s == seeds[0] else model)
+        initial = as_float64(classifier("mamba", width, state=state, seed=s))
+        trained = as_float64(found if s == seeds[0] else models[s])
         report = paired_report({"": trained}, baseline, data.X_test, data.y_test)[0]
         row = {"seed": s, "lr": kept["lr"], "epochs": kept["epochs"],
                "fitted images": accuracy(trained, split.X_train, split.y_train), "baseline fitted": baseline_fit}
@@ -877,10 +879,37 @@ def wider_mamba_readings(data: DigitSequences, split: DigitSequences, baseline: 
     return selection, rows
 
 
+def _trained_at(seed: int, lr: float, epochs: int, *, split: DigitSequences, width: int, state: int, batch: int,
+                device: Any, progress: Callable[[str], None] | None) -> SequenceClassifier:
+    """The Mamba classifier of `seed` trained on split for `epochs` epochs at rate lr (`train_classifier`)."""
+    model = classifier("mamba", width, state=state, seed=seed)
+    train_classifier(model, split, epochs=epochs, lr=lr, batch=batch, seed=seed, device=device, progress=progress,
+                     label=f"mamba d={width} N={state} seed {seed}")
+    return model
+
+
+def _starmap(function: Callable, arguments: list[tuple], options: dict, jobs: int) -> list:
+    """[function(*a, **options) for a in arguments], in `jobs` processes when jobs > 1 (same results:
+    every run is seeded and independent; one torch thread each)."""
+    if jobs <= 1 or len(arguments) <= 1:
+        return [function(*a, **options) for a in arguments]
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+
+    with ProcessPoolExecutor(min(jobs, len(arguments)), initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(partial(_star, function, options), arguments))
+
+
+def _star(function: Callable, options: dict, a: tuple) -> Any:
+    return function(*a, **options)
+
+
 def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (0.03, 0.01),
-                      results: Any = None, progress: Callable[[str], None] | None = print) -> Any:
+                      seeds: Sequence[int] | None = None, jobs: int = 2, results: Any = None,
+                      progress: Callable[[str], None] | None = None) -> Any:
     """Run `wider_mamba_readings` with mamba.ipynb's published parameters (data/params.yaml: split,
-    epochs, seeds, batch, baseline C, ε, images) except the width, state and rates given, and write
+    epochs, seeds unless given, batch, baseline C, ε, images) except the width, state and rates given
+    (its runs in `jobs` processes), and write
     its table `WIDER_MAMBA_TABLE` (selection rows first, "part" = "selection" / "seed") with a
     .meta.yaml recording how it was made. Returns the csv path."""
     import datetime
@@ -895,19 +924,20 @@ def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (
     data = load_digit_sequences(p["test_size"], p["split_seed"])
     split = validation_split(data, p["validation_size"], p["split_seed"])
     params = {"width": width, "state": state, "lrs": [float(v) for v in lrs], "epoch_grid": p["epoch_grid"],
-              "seeds": p["seeds"], "batch": p["batch"], "epsilons": p["epsilons"],
+              "seeds": list(seeds or p["seeds"]), "batch": p["batch"], "epsilons": p["epsilons"],
               "span_images": p["span_images"], "subsets": 2, "device": p["device"]}
     selection, rows = wider_mamba_readings(data, split, logistic_baseline(split, p["baseline_C"]), progress=progress,
-                                           **params)
+                                           jobs=jobs, **params)
     table = pd.DataFrame([{"part": "selection"} | r for r in selection] + [{"part": "seed"} | r for r in rows])
     csv = Path(results or root / "data" / "results") / f"{WIDER_MAMBA_TABLE}.csv"
     csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(csv, index=False, lineterminator="\n")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
     meta = {"description": "the wider Mamba block (mamba.ipynb's recipe at another width, state and rates): "
                            "selection, test accuracy, fit, paired test, count changes",
             "command": f"python -m experiments.trained_heads wider-mamba {width} {state} "
-                       + " ".join(f"{v:g}" for v in lrs),
+                       + " ".join(f"{v:g}" for v in lrs) + " --seeds " + " ".join(map(str, params["seeds"])),
             "commit": commit, "date": datetime.date.today().isoformat(), "offline": True,
             "params": params | {"baseline_C": p["baseline_C"], "split_seed": p["split_seed"],
                                 "test_size": p["test_size"], "validation_size": p["validation_size"]},
@@ -916,13 +946,14 @@ def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (
     return csv
 
 
-if __name__ == "__main__":  # python -m experiments.trained_heads wider-mamba [width state rate ...]
+if __name__ == "__main__":  # python -m experiments.trained_heads wider-mamba [width state rate ...] [--seeds s ...]
     import sys
 
-    if sys.argv[1:2] != ["wider-mamba"]:
-        raise SystemExit("usage: python -m experiments.trained_heads wider-mamba [width state rate ...]")
-    given = sys.argv[2:]
-    if given:
-        print(write_wider_mamba(int(given[0]), int(given[1]), [float(v) for v in given[2:]] or (0.03, 0.01)))
-    else:
-        print(write_wider_mamba())
+    args = sys.argv[1:]
+    if args[:1] != ["wider-mamba"]:
+        raise SystemExit("usage: python -m experiments.trained_heads wider-mamba [width state rate ...] [--seeds s ...]")
+    given, seeds = (args[1:args.index("--seeds")], [int(v) for v in args[args.index("--seeds") + 1:]]) \
+        if "--seeds" in args else (args[1:], None)
+    shape = {"width": int(given[0]), "state": int(given[1])} if given else {}
+    rates = {"lrs": [float(v) for v in given[2:]]} if given[2:] else {}
+    print(write_wider_mamba(seeds=seeds, progress=print, **shape, **rates))

@@ -853,6 +853,7 @@ def test_wider_mamba_readings_follow_the_pages_recipe_by_hand(monkeypatch):
     base = logistic_baseline(split, 1.0)
     options, epsilons = {"width": 2, "state": 2, "batch": 16}, [0.1, 0.01, 1e-3, 1e-4, 1e-5]
     selection, rows = wider_mamba_readings(data, split, base, lrs=[0.03, 0.01], epoch_grid=[1, 2], seeds=[3, 4],
+                                           jobs=2,
                                            epsilons=epsilons, span_images=3, subsets=2, **options)
     found, by_hand = select_setting("mamba", split, [0.03, 0.01], [1, 2], seed=3, **options)
     assert selection == by_hand and [r["seed"] for r in rows] == [3, 4]
