@@ -946,6 +946,22 @@ def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (
     return csv
 
 
+def wider_mamba_table(results: Any = None) -> tuple[Any, Any]:
+    """The committed table of `write_wider_mamba` (data/results/`WIDER_MAMBA_TABLE`.csv, or under
+    `results`), split into (the selection rows "lr", "epochs", "validation accuracy"; the seed
+    rows), as pandas DataFrames without the columns that are empty in each part."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    folder = Path(results) if results else Path(__file__).resolve().parent.parent / "data" / "results"
+    table = pd.read_csv(folder / f"{WIDER_MAMBA_TABLE}.csv")
+    whole = ("epochs", "seed", "only this", "only baseline", "parameters")  # integers, whatever the empty cells
+    parts = (table[table["part"] == p].drop(columns="part").dropna(axis=1, how="all").reset_index(drop=True)
+             for p in ("selection", "seed"))
+    return tuple(t.astype({c: int for c in whole if c in t}) for t in parts)
+
+
 if __name__ == "__main__":  # python -m experiments.trained_heads wider-mamba [width state rate ...] [--seeds s ...]
     import sys
 

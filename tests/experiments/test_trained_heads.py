@@ -883,3 +883,16 @@ def test_wider_mamba_readings_follow_the_pages_recipe_by_hand(monkeypatch):
     with pytest.raises(ValueError, match="subsets"):
         wider_mamba_readings(data, split, base, lrs=[0.01], epoch_grid=[1], seeds=[3], epsilons=[0.1],
                              span_images=5, subsets=2, **options)
+
+
+def test_wider_mamba_table_splits_the_parts(tmp_path):
+    from experiments.trained_heads import WIDER_MAMBA_TABLE, wider_mamba_table
+
+    csv = tmp_path / f"{WIDER_MAMBA_TABLE}.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text("part,lr,epochs,validation accuracy,seed,test accuracy\n"
+                   "selection,0.01,20,0.5,,\nseed,0.01,20,,3,0.75\n")
+    selection, seeds = wider_mamba_table(tmp_path)
+    assert selection.to_dict("records") == [{"lr": 0.01, "epochs": 20, "validation accuracy": 0.5}]
+    assert seeds.to_dict("records") == [{"lr": 0.01, "epochs": 20, "seed": 3, "test accuracy": 0.75}]
+    assert seeds["seed"].dtype.kind == "i"
