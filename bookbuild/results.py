@@ -16,13 +16,15 @@ from .book import Book, read_json
 
 MAX_LINES_PER_TABLE = 8
 NOT_FROM_NOTEBOOKS = ("bench",)  # folders of data/results that benchmarks write
+OFFLINE = "offline"  # a folder of offline runs' tables (<chapter>/offline/): no notebook writes them
 README_SCREENSHOT = ("chapters__head-count__index.png", Path("docs") / "screenshot.png")
 
 
 def _files(folder: Path, pattern: str = "*") -> dict[str, Path]:
     """Files under ``folder`` that notebooks own, keyed by their path relative to it."""
     return {str(p.relative_to(folder)): p for p in sorted(folder.rglob(pattern))
-            if p.is_file() and p.relative_to(folder).parts[0] not in NOT_FROM_NOTEBOOKS} \
+            if p.is_file() and p.relative_to(folder).parts[0] not in NOT_FROM_NOTEBOOKS
+            and OFFLINE not in p.relative_to(folder).parts[:-1]} \
         if folder.exists() else {}
 
 

@@ -727,8 +727,10 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
     𝒲^scan the operator of the same block with its skip D_skip = 0: g is linear in ψ, so
     g = g^scan + g^skip exactly, and the two parts interfere within the window, so the shares of
     the scan and the skip need not add to 1), "scan beyond window share" (Σ ‖𝒲^scan_ij‖_F² at lags
-    >= d_conv over all pairs: how far the scan's own operator reaches; 0.0 if n <= d_conv) and
-    "λmin(Ω)/λmax(Ω)". Beyond the window the skip does not act (𝒲 = 𝒲^scan there), so
+    >= d_conv over all pairs: how far the scan's own operator reaches; 0.0 if n <= d_conv), "scan
+    output ratio" (‖Σ_j 𝒲^scan_ij x_j‖ / ‖Σ_j 𝒲_ij x_j‖, Frobenius norms over the images, positions
+    and channels: the scan's part of the linear output against the whole; the skip's part can
+    cancel it, so it can exceed 1) and "λmin(Ω)/λmax(Ω)". Beyond the window the skip does not act (𝒲 = 𝒲^scan there), so
     "beyond window energy" = "scan share" × "scan beyond window share". The count is that of the
     linear part 𝒲 of the block; the offset β (the additive biases, `block_offsets`) is not a head.
     """
@@ -739,6 +741,8 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
             skip = torch.eye(P.shape[1], dtype=P.dtype)[None, :, :, None] * layer.D * torch.sigmoid(c)[:, None]
             g, g_scan = (layer._combine(pieces, s).to(torch.float64) for pieces in (P, P - skip))
             U, V = (t.detach().to(torch.float64) for t in layer.factors())
+            VX = torch.from_numpy(inputs).to(torch.float64) @ V.T  # (b, n, D): Σ_j 𝒲_ij x_j = U Σ_j g_ij ⊙ V x_j
+            outputs = [torch.linalg.norm(torch.einsum("bijq,bjq->biq", h, VX) @ U.T) for h in (g, g_scan)]
         i, j = torch.tril_indices(g.shape[1], g.shape[1])
         lag, g, g_scan = i - j, g[:, i, j], g_scan[:, i, j]  # (b, pairs, D)
         inside, beyond = lag < layer.d_conv, lag >= layer.d_conv
@@ -762,6 +766,7 @@ def block_head_counts(model: SequenceClassifier, X: Any, epsilons: Sequence[floa
                        for e in epsilons}
                     | {"beyond window energy": energy_far, "scan share": scan / total,
                        "scan beyond window share": energy(g_scan[:, beyond]) / scan,
+                       "scan output ratio": float(outputs[1] / outputs[0]),
                        "λmin(Ω)/λmax(Ω)": float(lam[0] / lam[-1])})
     return rows
 
@@ -815,3 +820,156 @@ def dense_span_check(model: SequenceClassifier, X: Any, rtol: float = 1e-10) -> 
         rows.append({"block": m + 1, "heads at X": fast.dim, "dense": dense.dim, "σ error": float(error),
                      "dense σ_D+1/σ_1": beyond})
     return rows
+
+
+# -- the wider Mamba block at mamba.ipynb's budget: an offline run (too slow for the build) ---------
+
+#: Where `python -m experiments.trained_heads wider-mamba` writes its table (committed; the build
+#: does not run it, and `make data` leaves the folder "offline" alone: bookbuild.results).
+WIDER_MAMBA_TABLE = "trained-heads/offline/mamba-wider"
+
+
+def wider_mamba_readings(data: DigitSequences, split: DigitSequences, baseline: Any, *, width: int, state: int,
+                         lrs: Sequence[float], epoch_grid: Sequence[int], seeds: Sequence[int], batch: int,
+                         epsilons: Sequence[float], span_images: int, subsets: int = 2, device: Any = "cpu",
+                         progress: Callable[[str], None] | None = None, jobs: int = 1) -> tuple[list[dict], list[dict]]:
+    """mamba.ipynb's recipe for a Mamba classifier of any width and state, with its readings.
+
+    The page's selection (`select_setting` over lrs × epoch_grid, training seed seeds[0], scored on
+    split's validation images), then seeds[1:] trained at the kept setting (`train_classifier`), as
+    the page does; each seed scored on data's test images against `baseline` (`paired_report`), its
+    fit on split.X_train beside the baseline's, and the mean ε-head count change (`count_change` of
+    `block_head_counts`' "H ε=…", trained against the same seed's initial classifier) over both
+    blocks and per block, on `subsets` consecutive disjoint groups of `span_images` test images
+    (the page reads the first group only). Returns (the selection rows "lr", "epochs",
+    "validation accuracy"; one row per seed: "seed", "lr", "epochs", "fitted images", "baseline
+    fitted", "test accuracy", "only this", "only baseline", "McNemar p", "parameters", then for
+    each group a..b of test images (0-based, inclusive) "mean change a–b", "block m change a–b").
+    """
+    if subsets < 1 or subsets * span_images > len(data.y_test):
+        raise ValueError(f"subsets · span_images must be in [span_images, {len(data.y_test)}]; "
+                         f"got subsets={subsets}, span_images={span_images}")
+    options = {"width": width, "state": state, "batch": batch, "device": device}
+    # one selection run per rate, independent (select_setting's runs), so run side by side when jobs > 1
+    runs = _starmap(select_setting, [("mamba", split, [lr], epoch_grid) for lr in lrs],
+                    {"seed": seeds[0], "progress": progress, **options}, jobs)
+    selection = [r for _, rows in runs for r in rows]  # in the order of lrs: select_setting's ties
+    kept = max(selection, key=lambda r: r["validation accuracy"])  # as select_setting
+    found = runs[[lr for lr in lrs].index(kept["lr"])][0]
+    models = dict(zip(seeds[1:], _starmap(_trained_at, [(s, kept["lr"], kept["epochs"]) for s in seeds[1:]],
+                                          {"split": split, "progress": progress, **options}, jobs)))
+    baseline_fit = accuracy(baseline, split.X_train, split.y_train)
+    columns = [f"H ε={e:g}" for e in epsilons]
+    rows = []
+    for s in seeds:
+        initial = as_float64(classifier("mamba", width, state=state, seed=s))
+        trained = as_float64(found if s == seeds[0] else models[s])
+        report = paired_report({"": trained}, baseline, data.X_test, data.y_test)[0]
+        row = {"seed": s, "lr": kept["lr"], "epochs": kept["epochs"],
+               "fitted images": accuracy(trained, split.X_train, split.y_train), "baseline fitted": baseline_fit}
+        row |= {k: report[k] for k in ("test accuracy", "only this", "only baseline", "McNemar p", "parameters")}
+        for k in range(subsets):
+            X = data.X_test[k * span_images:(k + 1) * span_images]
+            before, after = ([[r[c] for c in columns] for r in block_head_counts(m, X, epsilons)]
+                             for m in (initial, trained))
+            where = f"{k * span_images}–{(k + 1) * span_images - 1}"
+            row[f"mean change {where}"] = count_change(before, after)
+            row |= {f"block {b + 1} change {where}": count_change(before[b], after[b]) for b in range(len(before))}
+        rows.append(row)
+    return selection, rows
+
+
+def _trained_at(seed: int, lr: float, epochs: int, *, split: DigitSequences, width: int, state: int, batch: int,
+                device: Any, progress: Callable[[str], None] | None) -> SequenceClassifier:
+    """The Mamba classifier of `seed` trained on split for `epochs` epochs at rate lr (`train_classifier`)."""
+    model = classifier("mamba", width, state=state, seed=seed)
+    train_classifier(model, split, epochs=epochs, lr=lr, batch=batch, seed=seed, device=device, progress=progress,
+                     label=f"mamba d={width} N={state} seed {seed}")
+    return model
+
+
+def _starmap(function: Callable, arguments: list[tuple], options: dict, jobs: int) -> list:
+    """[function(*a, **options) for a in arguments], in `jobs` processes when jobs > 1 (same results:
+    every run is seeded and independent; one torch thread each)."""
+    if jobs <= 1 or len(arguments) <= 1:
+        return [function(*a, **options) for a in arguments]
+    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+
+    with ProcessPoolExecutor(min(jobs, len(arguments)), initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(partial(_star, function, options), arguments))
+
+
+def _star(function: Callable, options: dict, a: tuple) -> Any:
+    return function(*a, **options)
+
+
+def write_wider_mamba(width: int = 16, state: int = 16, lrs: Sequence[float] = (0.03, 0.01),
+                      seeds: Sequence[int] | None = None, jobs: int = 2, results: Any = None,
+                      progress: Callable[[str], None] | None = None) -> Any:
+    """Run `wider_mamba_readings` with mamba.ipynb's published parameters (data/params.yaml: split,
+    epochs, seeds unless given, batch, baseline C, ε, images) except the width, state and rates given
+    (its runs in `jobs` processes), and write
+    its table `WIDER_MAMBA_TABLE` (selection rows first, "part" = "selection" / "seed") with a
+    .meta.yaml recording how it was made. Returns the csv path."""
+    import datetime
+    import subprocess
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    p = yaml.safe_load((root / "data" / "params.yaml").read_text())["chapters/trained-heads/mamba.ipynb"]["published"]
+    data = load_digit_sequences(p["test_size"], p["split_seed"])
+    split = validation_split(data, p["validation_size"], p["split_seed"])
+    params = {"width": width, "state": state, "lrs": [float(v) for v in lrs], "epoch_grid": p["epoch_grid"],
+              "seeds": list(seeds or p["seeds"]), "batch": p["batch"], "epsilons": p["epsilons"],
+              "span_images": p["span_images"], "subsets": 2, "device": p["device"]}
+    selection, rows = wider_mamba_readings(data, split, logistic_baseline(split, p["baseline_C"]), progress=progress,
+                                           jobs=jobs, **params)
+    table = pd.DataFrame([{"part": "selection"} | r for r in selection] + [{"part": "seed"} | r for r in rows])
+    csv = Path(results or root / "data" / "results") / f"{WIDER_MAMBA_TABLE}.csv"
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(csv, index=False, lineterminator="\n")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    meta = {"description": "the wider Mamba block (mamba.ipynb's recipe at another width, state and rates): "
+                           "selection, test accuracy, fit, paired test, count changes",
+            "command": f"python -m experiments.trained_heads wider-mamba {width} {state} "
+                       + " ".join(f"{v:g}" for v in lrs) + " --seeds " + " ".join(map(str, params["seeds"])),
+            "commit": commit, "date": datetime.date.today().isoformat(), "offline": True,
+            "params": params | {"baseline_C": p["baseline_C"], "split_seed": p["split_seed"],
+                                "test_size": p["test_size"], "validation_size": p["validation_size"]},
+            "rtol": 0.0, "atol": 0.0}
+    csv.with_name(csv.stem + ".meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=True))
+    return csv
+
+
+def wider_mamba_table(results: Any = None) -> tuple[Any, Any]:
+    """The committed table of `write_wider_mamba` (data/results/`WIDER_MAMBA_TABLE`.csv, or under
+    `results`), split into (the selection rows "lr", "epochs", "validation accuracy"; the seed
+    rows), as pandas DataFrames without the columns that are empty in each part."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    folder = Path(results) if results else Path(__file__).resolve().parent.parent / "data" / "results"
+    table = pd.read_csv(folder / f"{WIDER_MAMBA_TABLE}.csv")
+    whole = ("epochs", "seed", "only this", "only baseline", "parameters")  # integers, whatever the empty cells
+    parts = (table[table["part"] == p].drop(columns="part").dropna(axis=1, how="all").reset_index(drop=True)
+             for p in ("selection", "seed"))
+    return tuple(t.astype({c: int for c in whole if c in t}) for t in parts)
+
+
+if __name__ == "__main__":  # python -m experiments.trained_heads wider-mamba [width state rate ...] [--seeds s ...]
+    import sys
+
+    args = sys.argv[1:]
+    if args[:1] != ["wider-mamba"]:
+        raise SystemExit("usage: python -m experiments.trained_heads wider-mamba [width state rate ...] [--seeds s ...]")
+    given, seeds = (args[1:args.index("--seeds")], [int(v) for v in args[args.index("--seeds") + 1:]]) \
+        if "--seeds" in args else (args[1:], None)
+    shape = {"width": int(given[0]), "state": int(given[1])} if given else {}
+    rates = {"lrs": [float(v) for v in given[2:]]} if given[2:] else {}
+    print(write_wider_mamba(seeds=seeds, progress=print, **shape, **rates))

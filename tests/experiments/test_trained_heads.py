@@ -24,7 +24,7 @@ from experiments.trained_heads import (COUNT_CHANGE, DigitSequences, _extended_k
                                        with_copied_channel, without_skip)
 from experiments.trained_heads import (covariance_rank, covariance_singular_values, exact_rank_network, hippo_n_modes,
                                        measured_head_counts, raw_moments, skip_share, with_hippo_n, with_skip)
-from lib import (DiagonalSSM, SharedStateSSM, heads_needed, min_heads, optimal_head_errors, population_error,
+from lib import (DiagonalSSM, SharedStateSSM, apply_operator, heads_needed, min_heads, optimal_head_errors, population_error,
                  relative_error, truncated_heads)
 
 
@@ -719,6 +719,11 @@ def test_block_head_counts_against_the_dense_operator_by_numpy(singular_K):
         assert row["scan beyond window share"] == pytest.approx(scan[0] / scan[1], rel=1e-10)
         assert scan[0] == pytest.approx(energy[0], rel=1e-12)  # beyond the window the skip does not act
         assert 1e-3 < row["scan share"] < 0.9  # the skip's part matters here, so D_skip = 0 is seen
+        # the scan's part of the linear output: the dense operators applied (lib.apply_operator)
+        X_m = torch.from_numpy(inputs)
+        parts = [np.linalg.norm(apply_operator(block.operator(X_m).detach(), inputs)) for block in (scan_only, layer)]
+        assert row["scan output ratio"] == pytest.approx(parts[0] / parts[1], rel=1e-10)
+        assert abs(row["scan output ratio"] - math.sqrt(row["scan share"])) > 1e-3  # not the energy's root
         # and the skip's part subtracted by its closed form (experiments.blocks), one sequence
         _, skip = spans_by_lag(layer, torch.from_numpy(inputs[0]))
         one = block_head_counts(model, X[:1], epsilons)[row["block"] - 1]
@@ -833,3 +838,61 @@ def test_mamba_notebook_baseline_is_the_one_digits_keeps():
     split = validation_split(data, digits["validation_size"], digits["split_seed"])
     assert select_baseline(split, digits["baseline_Cs"])[0].C == mine["baseline_C"]
     assert all(mine[k] == digits[k] for k in ("split_seed", "test_size", "validation_size", "batch", "alpha"))
+
+
+def test_wider_mamba_readings_follow_the_pages_recipe_by_hand(monkeypatch):
+    import experiments.trained_heads as module
+    from experiments.trained_heads import block_head_counts, wider_mamba_readings
+
+    seen = []
+    monkeypatch.setattr(module, "block_head_counts", lambda model, X, *a: seen.append(X) or block_head_counts(model, X, *a))
+
+    full = load_digit_sequences(0.25, 0)
+    data = DigitSequences(full.X_train[:60], full.y_train[:60], full.X_test[:8], full.y_test[:8])
+    split = validation_split(data, 0.25, 0)
+    base = logistic_baseline(split, 1.0)
+    options, epsilons = {"width": 2, "state": 2, "batch": 16}, [0.1, 0.01, 1e-3, 1e-4, 1e-5]
+    selection, rows = wider_mamba_readings(data, split, base, lrs=[0.03, 0.01], epoch_grid=[1, 2], seeds=[3, 4],
+                                           jobs=2,
+                                           epsilons=epsilons, span_images=3, subsets=2, **options)
+    found, by_hand = select_setting("mamba", split, [0.03, 0.01], [1, 2], seed=3, **options)
+    assert selection == by_hand and [r["seed"] for r in rows] == [3, 4]
+    kept = max(by_hand, key=lambda r: r["validation accuracy"])
+    model = classifier("mamba", 2, state=2, seed=4)  # seed 4 trained at the kept setting, by hand
+    initial = as_float64(model)
+    train_classifier(model, split, epochs=kept["epochs"], lr=kept["lr"], batch=16, seed=4)
+    trained = as_float64(model)
+    row = rows[1]
+    assert (row["lr"], row["epochs"]) == (kept["lr"], kept["epochs"])
+    assert row["test accuracy"] == accuracy(trained, data.X_test, data.y_test)
+    assert row["fitted images"] == accuracy(trained, split.X_train, split.y_train)
+    assert row["baseline fitted"] == accuracy(base, split.X_train, split.y_train)
+    assert rows[0]["test accuracy"] == accuracy(as_float64(found), data.X_test, data.y_test)
+    right, right_base = correct(trained, data.X_test, data.y_test), correct(base, data.X_test, data.y_test)
+    assert (row["only this"], row["only baseline"]) == ((right & ~right_base).sum(), (right_base & ~right).sum())
+    for a, b in ((0, 2), (3, 5)):  # both groups of 3 images, 0-based a..b
+        X = data.X_test[a:b + 1]
+        before, after = (np.array([[r[f"H ε={e:g}"] for e in epsilons] for r in block_head_counts(m, X, epsilons)])
+                         for m in (initial, trained))
+        assert row[f"mean change {a}–{b}"] == pytest.approx((after - before).mean())
+        for m in (1, 2):
+            assert row[f"block {m} change {a}–{b}"] == pytest.approx((after - before)[m - 1].mean())
+    # the images read: each group twice (initial, trained) per seed, in order (counts alone barely move here)
+    assert len(seen) == 8 and all(np.array_equal(X, data.X_test[3 * (k // 2 % 2):][:3]) for k, X in enumerate(seen))
+    assert set(row) >= {"mean change 0–2", "block 1 change 0–2", "McNemar p", "parameters"}
+    with pytest.raises(ValueError, match="subsets"):
+        wider_mamba_readings(data, split, base, lrs=[0.01], epoch_grid=[1], seeds=[3], epsilons=[0.1],
+                             span_images=5, subsets=2, **options)
+
+
+def test_wider_mamba_table_splits_the_parts(tmp_path):
+    from experiments.trained_heads import WIDER_MAMBA_TABLE, wider_mamba_table
+
+    csv = tmp_path / f"{WIDER_MAMBA_TABLE}.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text("part,lr,epochs,validation accuracy,seed,test accuracy\n"
+                   "selection,0.01,20,0.5,,\nseed,0.01,20,,3,0.75\n")
+    selection, seeds = wider_mamba_table(tmp_path)
+    assert selection.to_dict("records") == [{"lr": 0.01, "epochs": 20, "validation accuracy": 0.5}]
+    assert seeds.to_dict("records") == [{"lr": 0.01, "epochs": 20, "seed": 3, "test accuracy": 0.75}]
+    assert seeds["seed"].dtype.kind == "i"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from bookbuild.results import changed_params, compare_table
+from bookbuild.results import _files, changed_params, compare_table
 
 
 def write_table(folder, name, text, **meta):
@@ -51,3 +51,10 @@ def test_changed_params_ignores_added_and_removed_parameters():
     assert changed_params(committed, {"params": {"seed": 0, "n": 64, "new": [1, 2]}}) == {}
     assert changed_params(committed, {"params": {"seed": 1, "n": 64}}) == {"seed": (0, 1)}
     assert changed_params({}, {"params": {"seed": 0}}) == {}
+
+
+def test_offline_tables_are_not_the_notebooks(tmp_path):
+    # tables of offline runs (<chapter>/offline/) are neither compared with a build nor removed by `make data`
+    write_table(tmp_path / "chapter", "made", "a\n1\n")
+    write_table(tmp_path / "chapter" / "offline", "run", "a\n1\n")
+    assert sorted(_files(tmp_path, "*.csv")) == ["chapter/made.csv"]
