@@ -1025,11 +1025,16 @@ def with_position_bias(attention: SoftmaxAttention, bias: Any) -> SoftmaxAttenti
                             attention.W_O.detach(), position_bias=b.copy(), dtype=attention.dtype)
 
 
-def score_bound(attention: SoftmaxAttention, R: float, *, head: int = 0) -> float:
-    """S = ‖W_Kᵀ W_Q‖₂ R² / √d_k of one head: |content score| <= S on tokens of norm <= R
-    ({prf:ref}`cor-attention-price`)."""
+def score_bound(attention: SoftmaxAttention, R: float, *, head: int = 0, query_bias: Any = None) -> float:
+    """S = R(‖W_Kᵀ W_Q‖₂ R + ‖W_Kᵀ b_Q‖₂) / √d_k of one head: |content score| <= S and ‖g‖₂ R <= S on tokens
+    of norm <= R ({prf:ref}`cor-attention-price`). query_bias: b_Q (d_k,) of a query projection W_Q x + b_Q
+    (None: no bias, S = ‖W_Kᵀ W_Q‖₂ R²/√d_k); a key bias cancels in the softmax and needs no term."""
     W_Q, W_K = _array(attention.W_Q[head]), _array(attention.W_K[head])
-    return float(np.linalg.norm(W_K.T @ W_Q, 2) * R ** 2 / math.sqrt(attention.d_k))
+    b_Q = np.zeros(W_Q.shape[0]) if query_bias is None else _array(query_bias)
+    if b_Q.shape != (W_Q.shape[0],):
+        raise ValueError(f"query_bias must have shape ({W_Q.shape[0]},); got {b_Q.shape}")
+    spread = np.linalg.norm(W_K.T @ W_Q, 2) * R + np.linalg.norm(W_K.T @ b_Q)
+    return float(R * spread / math.sqrt(attention.d_k))
 
 
 def weight_bound(S: float, bias: Any, i: int, j: int) -> float:

@@ -2531,3 +2531,56 @@ def test_alibi_full_strength_reach_counts_a_tie_as_reached(two_S, beta):
     # ε = 1/2 and 2ζ = β: Σ_{m<=1} e^{βm} = e^β = e^{2ζ}ε/(1 − ε) exactly, so ᾱ_1 = 1 − ε and D = 1 qualifies.
     assert gh.alibi_weight_limit(two_S, beta, 1) == pytest.approx(0.5, rel=1e-12)
     assert gh.alibi_full_strength_reach(two_S, beta, 0.5) == 1
+
+
+def test_cor_attention_price_with_a_query_bias_fails_the_bias_free_zeta_and_holds_with_its_term():
+    # T5 finding 1: torch.nn.MultiheadAttention (in-projection bias), d = 2, one head, W_Q = 0, query bias
+    # (20, 0), W_K = W_V = W_O = I; tokens of norm 1: the key x_1 = (1, 0), the other 99 (−1, 0). The
+    # bias-free ζ = ‖W_KᵀW_Q‖R²/√d_k is 0 and allows α <= 1/100; autograd's J is V: the layer's own
+    # weight and Jacobian obey the bounds only with ζ = R(‖W_KᵀW_Q‖R + ‖W_Kᵀb_Q‖)/√d_k.
+    I2 = torch.eye(2, dtype=torch.float64)
+    mha = torch.nn.MultiheadAttention(2, 1, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([0 * I2, I2, I2]))
+        mha.in_proj_bias.copy_(torch.tensor([20.0, 0, 3.0, -1.0, 0.5, 0]))  # key and value biases too
+        mha.out_proj.weight.copy_(I2)
+        mha.out_proj.bias.zero_()
+    n = 100
+    X = torch.zeros(n, 2, dtype=torch.float64)
+    X[:, 0] = -1.0
+    X[0, 0] = 1.0
+    mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+
+    def last(x0):
+        Y = torch.cat([x0[None], X[1:]])[None]
+        return mha(Y, Y, Y, attn_mask=mask)
+    alpha = last(X[0])[1][0, -1, 0].item()
+    J = torch.autograd.functional.jacobian(lambda x0: last(x0)[0][0, -1], X[0]).numpy()
+    layer = SoftmaxAttention([[[0.0, 0.0], [0.0, 0.0]]], [np.eye(2)], [np.eye(2)], [np.eye(2)])
+    old, new = gh.score_bound(layer, 1.0), gh.score_bound(layer, 1.0, query_bias=[20.0, 0.0])
+    assert old == 0.0 and new == pytest.approx(20 / math.sqrt(2), rel=1e-12)
+    assert alpha > 0.99 > gh.weight_bound(old, np.zeros(n), n - 1, 0)  # the bias-free ζ fails
+    assert np.linalg.norm(J - np.eye(2), 2) < 1e-8  # a full highway on tokens of norm 1
+    bar = gh.weight_bound(new, np.zeros(n), n - 1, 0)
+    assert alpha == pytest.approx(bar, abs=1e-12)  # attained: the key's score +ζ, the others' −ζ
+    assert np.linalg.norm(J, 2) <= alpha * (1 + 2 * new * (1 - alpha)) + 1e-12
+    with pytest.raises(ValueError, match="query_bias"):
+        gh.score_bound(layer, 1.0, query_bias=[1.0])
+
+
+def test_cor_attention_price_1_direction_bound_is_attained_and_fails_with_sigma_one():
+    # T5 finding 3: d = 2, W_KᵀW_Q = −e₁e₁ᵀ (ζ = 1 at R = 1), V = diag(1, 1/2), query e₁, key −e₁, the other
+    # tokens e₁: ‖J − V‖₂ equals (1 − ᾱ_i)σ₂(V) (autograd against the bound, two-sided), and the false bound
+    # with σ₁ in place of σ₂ exceeds what the layer gives.
+    layer = SoftmaxAttention([[[1.0, 0.0]]], [[[-1.0, 0.0]]], [np.diag([1.0, 0.5])], [np.eye(2)])
+    V = arr(layer.values()[0])
+    sigma = np.linalg.svd(V, compute_uv=False)
+    assert gh.score_bound(layer, 1.0) == pytest.approx(1.0, rel=1e-15)
+    for others in (4, 8, 16):
+        X = np.zeros((others + 1, 2))
+        X[:, 0] = 1.0
+        X[0, 0] = -1.0
+        gap = np.linalg.norm(jacobian_blocks(layer, X, others)[0] - V, 2)
+        short = 1 - gh.weight_bound(1.0, np.zeros(others + 1), others, 0)
+        assert gap == pytest.approx(short * sigma[1], abs=1e-12)
+        assert gap < 0.9 * short * sigma[0]  # σ₁ in place of σ₂: a false bound, violated here
