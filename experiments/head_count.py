@@ -282,6 +282,14 @@ def residual_lag_span(ssm: Any, n: int) -> RelativeHeads:
     return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
 
 
+def memory_lag_span(ssm: Any, n: int) -> RelativeHeads:
+    """A model whose lags ℓ < n are L_ℓ for ℓ >= 1 and L_0 = 0: the memory part alone, to fit heads
+    to the lags ℓ >= 1 only (`lib.fit_rank_limited_heads`, weighted as the outputs are)."""
+    lags = ssm.lags(n).detach().to(torch.float64).clone()
+    lags[0] = 0.0
+    return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
+
+
 def rank_limited_survey(ssm: Any, n: int, r: int, heads: Iterable[int], fit: Callable[[int], float]) -> dict:
     """The bounds of {prf:ref}`thm-rank-limited-heads` for value maps of rank <= r, and the checks on them.
 

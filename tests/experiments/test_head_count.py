@@ -1310,6 +1310,16 @@ def test_thm_rank_limited_heads_a_construction_missing_a_resolved_direction_is_a
     assert hc.construction_misses(ssm, n, r)["misses"] == 1
 
 
+def test_memory_lag_span_zeroes_lag_zero_only():
+    from experiments.head_count import memory_lag_span, memory_output_error
+    ssm = SharedStateSSM.random(3, 4, seed=1)
+    lags, memory = ssm.lags(6).detach().numpy(), memory_lag_span(ssm, 6)
+    assert np.abs(memory.lags(6).detach().numpy()[0]).max() == 0
+    assert np.abs(memory.lags(6).detach().numpy()[1:] - lags[1:]).max() < 1e-15
+    # its exact fit (all pd maps) holds the memory of the SSM; L_0 = CB + D is not in it
+    assert memory_output_error(ssm, 6, memory.lags(6).detach().numpy()[1:]) < 1e-12
+
+
 def test_residual_lag_span_shifts_lag_zero_only():
     from experiments.head_count import residual_lag_span
     ssm = LinearSSM.random(3, 2, 2, seed=1)
