@@ -248,7 +248,9 @@ def construction_misses(ssm: Any, n: int, r: int) -> dict:
     must give Σ_b ⌈rank Q_b / r⌉ maps), the c·q maps u_a w_bᵀ (k_col · k_row maps) and, for a
     LinearSSM with diagonalisable A, the modal maps (N_ℝ + 3N_ℂ at r = 1, N at r >= 2; N_ℂ the
     number of complex pairs), the entry is (maps built, maps the proof counts, residual of the lags
-    ℓ < n on their span by numpy least squares, relative; inf if a map has rank above r).
+    ℓ < n on their span by numpy least squares, lag by lag: the largest ‖residual_ℓ‖_F / ‖L_ℓ‖_F,
+    as `built_values_residual(per_lag=True)`; inf if a map has rank above r). Lag by lag, so that
+    a large L_0 (a skip) cannot hide a missed direction of the later lags.
     "misses": constructions with a wrong count or a residual above 1e-8.
     """
     Q = operator_span(ssm.lags(n).detach(), 1e-10).basis
@@ -258,14 +260,14 @@ def construction_misses(ssm: Any, n: int, r: int) -> dict:
         k_col, k_row = _flat_rank(Q, 1e-10), _flat_rank(Q.transpose(0, 2, 1), 1e-10)
         for name, V, count in [("split", _split(Q, r, 1e-10), sum(-(-m // r) for m in ranks)),
                                ("outer", _outer_basis(Q, 1e-10), k_col * k_row)]:
-            out[name] = (len(V), count, _lags_residual(ssm, n, V, r))
+            out[name] = (len(V), count, _lags_residual(ssm, n, V, r, per_lag=True))
     if isinstance(ssm, LinearSSM):
         V = _modal_values(ssm, r)
         if V is not None:
             lam = np.linalg.eigvals(ssm.A.detach().to(torch.float64).numpy())
             pairs = int((np.abs(lam.imag) > 1e-12 * np.abs(lam).max()).sum()) // 2
             N = len(lam)
-            out["modal"] = (len(V), N + pairs if r == 1 else N, _lags_residual(ssm, n, V, r))
+            out["modal"] = (len(V), N + pairs if r == 1 else N, _lags_residual(ssm, n, V, r, per_lag=True))
     out["misses"] = sum(int(built != count or not residual <= 1e-8) for built, count, residual in out.values())
     return out
 
@@ -277,6 +279,14 @@ def residual_lag_span(ssm: Any, n: int) -> RelativeHeads:
     if lags.shape[1] != lags.shape[2]:
         raise ValueError(f"ssm must have p = d for a residual block; got p = {lags.shape[1]}, d = {lags.shape[2]}")
     lags[0] -= torch.eye(lags.shape[1], dtype=lags.dtype)
+    return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
+
+
+def memory_lag_span(ssm: Any, n: int) -> RelativeHeads:
+    """A model whose lags ℓ < n are L_ℓ for ℓ >= 1 and L_0 = 0: the memory part alone, to fit heads
+    to the lags ℓ >= 1 only (`lib.fit_rank_limited_heads`, weighted as the outputs are)."""
+    lags = ssm.lags(n).detach().to(torch.float64).clone()
+    lags[0] = 0.0
     return RelativeHeads(lags, torch.eye(n, dtype=lags.dtype))
 
 
