@@ -119,3 +119,14 @@ def test_commit_is_dirty_unless_only_ignored_folders_changed(tmp_path):
     assert not book.commit(ignoring=("tables",)).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert book.commit(ignoring=("tables",)).endswith("-dirty")
+
+
+def test_offline_tables_are_inputs_of_the_notebook_that_reads_them():
+    """mamba.ipynb reads data/results/trained-heads/offline/: a regenerated table must re-execute it."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    book = Book(root)
+    entry = book.entry("chapters/trained-heads/mamba.ipynb")
+    covered = {f for pattern in entry.get("inputs") or [] for f in root.glob(pattern)}
+    offline = set((root / "data" / "results" / "trained-heads" / "offline").glob("*"))
+    assert offline and offline <= covered, sorted(map(str, offline - covered))
