@@ -382,6 +382,9 @@ def test_prop_rank_attenuation_independent_part_6_bounded_outputs(N, d, p):
         ssm = LinearSSM.random(N, d, p, seed=seed)
         found = bounded_output_range(ssm, 40)
         assert found["row gap"] < 1e-12
+        # Σg against the profile ‖J_{i,i−ℓ}‖_F by autograd (another route to g than the lags)
+        profile = jacobian_norms(ssm, np.random.default_rng(seed).standard_normal((40, d)), 39)
+        assert found["Σg"] == pytest.approx(profile.sum(), rel=1e-10)
         assert found["Σg/p"] * (1 - 1e-12) <= found["attained"] <= found["Σg"] * (1 + 1e-12)
         if p == 1:
             assert found["attained"] == pytest.approx(found["Σg"], rel=1e-12)

@@ -312,13 +312,14 @@ def test_mamba_block_torch_default_draws_are_uniform_at_their_bounds():
 def test_mamba2_block_torch_default_draws_and_steps_are_at_their_bounds():
     # Mamba-2's torch-default tensors from both sides (as for Mamba above), its steps log-uniform in
     # [dt_min, dt_max] (the log-steps' spread of a uniform) and A in A_init_range.
-    block = Mamba2Block(64, d_state=16, headdim=4, seed=3, dt_min=1e-3, dt_max=1e-1)
+    block = Mamba2Block(64, d_state=16, headdim=4, seed=3)  # mamba_ssm's defaults: dt in [1e-3, 1e-1]
     params = dict(block.named_parameters())
     for name, fan_in in {"in_proj.weight": 64, "conv1d.weight": 4, "conv1d.bias": 4,
                          "out_proj.weight": block.d_inner}.items():
         w, bound = params[name].detach().numpy().ravel(), fan_in ** -0.5
         assert w.size >= 128 and 0.95 <= np.abs(w).max() / bound <= 1, name
         assert abs(w.std() / (bound / np.sqrt(3)) - 1) < 0.1, name
+        assert abs(w.mean()) < 4 * bound / np.sqrt(3 * w.size), name
     log_step = np.log(torch.nn.functional.softplus(block.dt_bias.detach()).numpy())
     lo, hi = np.log(1e-3), np.log(1e-1)
     assert block.nheads == 32 and lo - 1e-12 <= log_step.min() and log_step.max() <= hi + 1e-12
