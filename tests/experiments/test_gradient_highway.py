@@ -2616,6 +2616,23 @@ def test_cor_attention_price_query_bias_zeta_holds_and_is_reached_off_the_unit_s
         assert _query_bias_zeta_misses(wrong, 0) != []
 
 
+def test_prop_attention_highway_bounded_input_gives_j_equal_v_at_one_position_when_d_is_one():
+    # U5 finding 1: with VP_g⊥ = 0 (d = 1) the direction condition is empty, and at one position a bounded
+    # input is a highway of every accuracy: W_Q = 1, W_K = −1, V = 1, position i = 11 (10 other keys), the
+    # key at −R, the rest at +R, R² = ζ solving 2ζ = 1 + 10e^{−2ζ} (ᾱ = 1/(2ζ)); autograd gives J = V.
+    from scipy.optimize import brentq
+    zeta = brentq(lambda z: 2 * z - 1 - 10 * math.exp(-2 * z), 0.5, 5.0, xtol=1e-15)
+    head = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    X = np.full((11, 1), math.sqrt(zeta))
+    X[0] = -math.sqrt(zeta)
+    alpha = head.weights(torch.from_numpy(X))[0, 10, 0].item()
+    assert zeta == pytest.approx(1.0784, abs=1e-4) and math.sqrt(zeta) == pytest.approx(1.0385, abs=1e-4)
+    assert alpha == pytest.approx(1 / (2 * zeta), rel=1e-12) and alpha < 0.47
+    assert abs(jacobian_blocks(head, X, 10)[0, 0, 0] - 1.0) < 1e-12
+    X[0] = -1.001 * math.sqrt(zeta)  # the key 0.1 % further out: J is no longer V
+    assert abs(jacobian_blocks(head, X, 10)[0, 0, 0] - 1.0) > 1e-4
+
+
 def test_cor_attention_price_1_direction_bound_is_attained_and_fails_with_sigma_one():
     # T5 finding 3: d = 2, W_KᵀW_Q = −e₁e₁ᵀ (ζ = 1 at R = 1), V = diag(1, 1/2), query e₁, key −e₁, the other
     # tokens e₁: ‖J − V‖₂ equals (1 − ᾱ_i)σ₂(V) (autograd against the bound, two-sided), and the false bound
