@@ -1338,8 +1338,8 @@ def alibi_reach(two_S: float, slope: float) -> float:
 
 
 def bounded_planted_alibi(attention: SoftmaxAttention, n: int, D: int, slope: float, *,
-                          seed: Any = 0) -> tuple[float, float]:
-    """(α_{i,i−D}, ‖J_{i,i−D}‖₂/‖V‖₂) of head 0 of `attention` with ALiBi scores −slope·ℓ at the last
+                          seed: Any = 0) -> tuple[float, float, float]:
+    """(α_{i,i−D}, ‖J_{i,i−D}‖₂/‖V‖₂, ‖J_{i,i−D} − V‖₂/‖V‖₂) of head 0 of `attention` with ALiBi scores −slope·ℓ at the last
     query i = n − 1, on a bounded input: every token of norm R = √d (random directions), the query
     x_i = R · the top right singular vector of W_Kᵀ W_Q, the key x_{i−D} = R · g/‖g‖ with
     g = W_Kᵀ W_Q x_i / √d_k. J = α V [I + (x_j − x̄_i) gᵀ] (one head, input-independent bias)."""
@@ -1355,7 +1355,8 @@ def bounded_planted_alibi(attention: SoftmaxAttention, n: int, D: int, slope: fl
     alpha = _array(biased.weights(torch.from_numpy(X)))[0, i, : i + 1]
     V = _array(attention.values()[0])
     J = alpha[j] * V @ (np.eye(d) + np.outer(X[j] - alpha @ X[: i + 1], g))
-    return float(alpha[j]), float(np.linalg.norm(J, 2) / np.linalg.norm(V, 2))
+    size = np.linalg.norm(V, 2)
+    return float(alpha[j]), float(np.linalg.norm(J, 2) / size), float(np.linalg.norm(J - V, 2) / size)
 
 
 def sharp_price_horizon(S: float, eps: float) -> float:

@@ -1784,7 +1784,7 @@ def test_cor_gate_closing_rank_one_directions_close_complementary_channels():
 def test_cor_attention_price_bounded_planted_alibi_matches_autograd_and_opens_below_the_reach():
     att = SoftmaxAttention.random(8, 8, d_k=4, seed=3)
     n, D, slope = 24, 10, 0.05
-    alpha, ratio = gh.bounded_planted_alibi(att, n, D, slope, seed=1)
+    alpha, ratio, gap = gh.bounded_planted_alibi(att, n, D, slope, seed=1)
     # the formula J = αV[I + (x_j − x̄)gᵀ] against autograd on the same input
     d, i, j, R = 8, n - 1, n - 1 - D, math.sqrt(8)
     X = np.random.default_rng(1).standard_normal((n, d))
@@ -1797,11 +1797,13 @@ def test_cor_attention_price_bounded_planted_alibi_matches_autograd_and_opens_be
     J = jacobian_blocks(biased, X, i)[j]
     V = att.values()[0].numpy(force=True)
     assert abs(np.linalg.norm(J, 2) / np.linalg.norm(V, 2) / ratio - 1) < 1e-10
+    assert abs(np.linalg.norm(J - V, 2) / np.linalg.norm(V, 2) - gap) < 1e-10  # the highway's own metric
     # the envelope equals ‖V‖ exactly at D* and the bound does not constrain below it
     two_S = 2 * gh.score_bound(att, R)
     reach = gh.alibi_reach(two_S, slope)
     assert abs((1 + two_S) * math.exp(two_S - slope * reach) - 1) < 1e-9
     assert D < reach and ratio > 0.99
+    assert gap > 0.1  # U5 finding 3: here ‖J‖ ≈ ‖V‖ but J is not V, so the norm ratio alone is no highway
     assert np.allclose(gh.alibi_slopes(8), 2.0 ** -np.arange(1, 9))
 
 
@@ -2566,6 +2568,69 @@ def test_cor_attention_price_with_a_query_bias_fails_the_bias_free_zeta_and_hold
     assert np.linalg.norm(J, 2) <= alpha * (1 + 2 * new * (1 - alpha)) + 1e-12
     with pytest.raises(ValueError, match="query_bias"):
         gh.score_bound(layer, 1.0, query_bias=[1.0])
+
+
+def _query_bias_zeta_misses(bound, seed):
+    # U5 finding 2: W_Q != 0, W_K != I, b_Q != 0, R != 1 (d = 6, d_k = 3). The scores
+    # (W_Q x_i + b_Q)ᵀW_K x_t/√d_k are computed directly; a `bound`(layer, R, query_bias=b_Q) must exceed none
+    # of them on random and aligned inputs of norm R, and be reached where b_Q is aligned (x_i = ±R v₁ of
+    # W_KᵀW_Q, W_Kᵀb_Q along its u₁, x_t along W_Kᵀ(W_Q x_i + b_Q)). Returns the failures.
+    rng = np.random.default_rng(seed)
+    d, d_k = 6, 3
+    W_Q, W_K = rng.standard_normal((d_k, d)), rng.standard_normal((d_k, d))
+    layer = SoftmaxAttention([W_Q], [W_K], [np.eye(d)], [np.eye(d)])
+    U, sigma, Vt = np.linalg.svd(W_K.T @ W_Q)
+    misses = []
+    for R in (0.3, 2.5):
+        for b_Q in (rng.standard_normal(d_k), 1.7 * np.linalg.pinv(W_K.T) @ U[:, 0]):
+            zeta = bound(layer, R, query_bias=b_Q)
+            X = rng.standard_normal((200, d))
+            X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+            w = W_K.T @ b_Q
+            x_i = R * Vt[0] * (1.0 if U[:, 0] @ w >= 0 else -1.0)
+            key = W_K.T @ (W_Q @ x_i + b_Q)
+            X[0], X[1] = x_i, R * key / np.linalg.norm(key)
+            scores = (X @ W_Q.T + b_Q) @ (X @ W_K.T).T / math.sqrt(d_k)
+            if np.abs(scores).max() > zeta * (1 + 1e-12):
+                misses.append(("exceeded", R, np.abs(scores).max(), zeta))
+            aligned = abs(U[:, 0] @ w) > (1 - 1e-12) * np.linalg.norm(w)
+            if aligned and abs(scores[0, 1] - zeta) > 1e-10 * zeta:
+                misses.append(("not reached", R, scores[0, 1], zeta))
+    return misses
+
+
+def test_cor_attention_price_query_bias_zeta_holds_and_is_reached_off_the_unit_scale():
+    assert _query_bias_zeta_misses(gh.score_bound, 0) == []
+    norm = np.linalg.norm
+
+    def parts(layer, b_Q):
+        W_Q, W_K = layer.W_Q[0].numpy(force=True), layer.W_K[0].numpy(force=True)
+        return norm(W_K.T @ W_Q, 2), norm(W_K.T @ b_Q), norm(b_Q), math.sqrt(layer.d_k)
+    mutants = [  # R²(a + c), (aR² + c), R·hypot(aR, c), ‖b_Q‖ for ‖W_Kᵀb_Q‖: each must fail
+        lambda L, R, query_bias: (lambda a, c, b, s: R * R * (a + c) / s)(*parts(L, query_bias)),
+        lambda L, R, query_bias: (lambda a, c, b, s: (a * R * R + c) / s)(*parts(L, query_bias)),
+        lambda L, R, query_bias: (lambda a, c, b, s: R * math.hypot(a * R, c) / s)(*parts(L, query_bias)),
+        lambda L, R, query_bias: (lambda a, c, b, s: R * (a * R + b) / s)(*parts(L, query_bias)),
+    ]
+    for wrong in mutants:
+        assert _query_bias_zeta_misses(wrong, 0) != []
+
+
+def test_prop_attention_highway_bounded_input_gives_j_equal_v_at_one_position_when_d_is_one():
+    # U5 finding 1: with VP_g⊥ = 0 (d = 1) the direction condition is empty, and at one position a bounded
+    # input is a highway of every accuracy: W_Q = 1, W_K = −1, V = 1, position i = 11 (10 other keys), the
+    # key at −R, the rest at +R, R² = ζ solving 2ζ = 1 + 10e^{−2ζ} (ᾱ = 1/(2ζ)); autograd gives J = V.
+    from scipy.optimize import brentq
+    zeta = brentq(lambda z: 2 * z - 1 - 10 * math.exp(-2 * z), 0.5, 5.0, xtol=1e-15)
+    head = SoftmaxAttention([[[1.0]]], [[[-1.0]]], [[[1.0]]], [[[1.0]]])
+    X = np.full((11, 1), math.sqrt(zeta))
+    X[0] = -math.sqrt(zeta)
+    alpha = head.weights(torch.from_numpy(X))[0, 10, 0].item()
+    assert zeta == pytest.approx(1.0784, abs=1e-4) and math.sqrt(zeta) == pytest.approx(1.0385, abs=1e-4)
+    assert alpha == pytest.approx(1 / (2 * zeta), rel=1e-12) and alpha < 0.47
+    assert abs(jacobian_blocks(head, X, 10)[0, 0, 0] - 1.0) < 1e-12
+    X[0] = -1.001 * math.sqrt(zeta)  # the key 0.1 % further out: J is no longer V
+    assert abs(jacobian_blocks(head, X, 10)[0, 0, 0] - 1.0) > 1e-4
 
 
 def test_cor_attention_price_1_direction_bound_is_attained_and_fails_with_sigma_one():
