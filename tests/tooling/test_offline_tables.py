@@ -1,5 +1,6 @@
 """The offline tables (data/results/<chapter>/offline/, not re-run by the build): one trained row of each
-re-run from its .meta.yaml's recorded parameters, so a table that no longer matches the code fails here."""
+re-run from its .meta.yaml's recorded parameters: a table whose re-run row no longer matches the code
+fails here (the other rows, the fits, paired tests and counts, are not re-run)."""
 
 from pathlib import Path
 
