@@ -10,7 +10,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # one 20-epoch training run of the wider Mamba classifier: about a minute on one core
+@pytest.mark.slow  # one 20-epoch training run of the wider Mamba classifier: about half a minute on one core
 def test_wider_mamba_selection_row_at_rate_003_and_20_epochs_is_reproduced():
     from experiments.trained_heads import (
         WIDER_MAMBA_TABLE,
