@@ -2649,3 +2649,23 @@ def test_cor_attention_price_1_direction_bound_is_attained_and_fails_with_sigma_
         short = 1 - gh.weight_bound(1.0, np.zeros(others + 1), others, 0)
         assert gap == pytest.approx(short * sigma[1], abs=1e-12)
         assert gap < 0.9 * short * sigma[0]  # σ₁ in place of σ₂: a false bound, violated here
+
+
+def test_cor_attention_price_1_direction_bound_is_one_heads_two_heads_give_j_equal_v_on_a_bounded_input():
+    # W1 finding 1: with H = 2 the other head enters J_ij. V₂ = m·V₁ and a constant input of norm 1 give
+    # uniform weights 1/(m + 1) in both heads and x_j − x̄ = 0, so J_{m,0} = (1 + m)V₁/(m + 1) = V₁ exactly,
+    # although σ₂(V₁) > 0; head 1 alone is (1 − 1/(m + 1))‖V₁‖ away, as its one-head bound requires.
+    rng = np.random.default_rng(7)
+    d, m = 4, 10
+    W_Q, W_K = rng.standard_normal((2, d, d)), rng.standard_normal((2, d, d))
+    W_V, W_O1 = rng.standard_normal((d, d)), rng.standard_normal((d, d))
+    two = SoftmaxAttention(W_Q, W_K, [W_V, W_V], [W_O1, m * W_O1])
+    one = SoftmaxAttention(W_Q[:1], W_K[:1], [W_V], [W_O1])
+    V1 = arr(one.values()[0])
+    assert np.linalg.svd(V1, compute_uv=False)[1] > 0.1 * np.linalg.norm(V1, 2)
+    X = np.tile(rng.standard_normal(d), (m + 1, 1))
+    X /= np.linalg.norm(X[0])
+    size = np.linalg.norm(V1, 2)
+    assert np.linalg.norm(jacobian_blocks(two, X, m)[0] - V1, 2) < 1e-12 * size
+    alone = np.linalg.norm(jacobian_blocks(one, X, m)[0] - V1, 2)
+    assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12)
