@@ -2652,20 +2652,60 @@ def test_cor_attention_price_1_direction_bound_is_attained_and_fails_with_sigma_
 
 
 def test_cor_attention_price_1_direction_bound_is_one_heads_two_heads_give_j_equal_v_on_a_bounded_input():
-    # W1 finding 1: with H = 2 the other head enters J_ij. V₂ = m·V₁ and a constant input of norm 1 give
-    # uniform weights 1/(m + 1) in both heads and x_j − x̄ = 0, so J_{m,0} = (1 + m)V₁/(m + 1) = V₁ exactly,
-    # although σ₂(V₁) > 0; head 1 alone is (1 − 1/(m + 1))‖V₁‖ away, as its one-head bound requires.
+    # W1 #1, X1 #1/#4: with H = 2 the other head enters J_ij. V₂ = m·V₁ and a constant input of norm 1 give uniform
+    # weights 1/(m + 1) in both heads and x_j − x̄ = 0, so J_{m,0} = (V₁ + V₂)/(m + 1) = V₁ exactly — the layer's
+    # uniform 1/i path measured against its smaller head — although head 1's own price (1 − ᾱ)σ₂(V₁) is large here
+    # (W_Q = 0: ᾱ = 1/(m + 1) on every input); head 1 alone sits at that price.
     rng = np.random.default_rng(7)
     d, m = 4, 10
-    W_Q, W_K = rng.standard_normal((2, d, d)), rng.standard_normal((2, d, d))
+    W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
     W_V, W_O1 = rng.standard_normal((d, d)), rng.standard_normal((d, d))
     two = SoftmaxAttention(W_Q, W_K, [W_V, W_V], [W_O1, m * W_O1])
     one = SoftmaxAttention(W_Q[:1], W_K[:1], [W_V], [W_O1])
     V1 = arr(one.values()[0])
-    assert np.linalg.svd(V1, compute_uv=False)[1] > 0.1 * np.linalg.norm(V1, 2)
+    size, sigma = np.linalg.norm(V1, 2), np.linalg.svd(V1, compute_uv=False)
+    abar = gh.weight_bound(gh.score_bound(one, 1.0), np.zeros(m + 1), m, 0)
+    price = (1 - abar) * sigma[1]
+    assert abar == pytest.approx(1 / (m + 1), rel=1e-12) and price > 0.1 * size  # head 1's price bites
     X = np.tile(rng.standard_normal(d), (m + 1, 1))
     X /= np.linalg.norm(X[0])
-    size = np.linalg.norm(V1, 2)
-    assert np.linalg.norm(jacobian_blocks(two, X, m)[0] - V1, 2) < 1e-12 * size
+    J = jacobian_blocks(two, X, m)[0]
+    assert np.linalg.norm(J - V1, 2) < 1e-12 * size < price  # below one head's price: the sum over heads
+    total = np.linalg.norm(arr(two.values()).sum(0), 2)
+    assert np.linalg.norm(J, 2) == pytest.approx(total / (m + 1), rel=1e-12)  # the layer's 1/i path
     alone = np.linalg.norm(jacobian_blocks(one, X, m)[0] - V1, 2)
-    assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12)
+    assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12) and alone >= price
+
+
+def test_cor_attention_price_holds_head_by_head_for_two_heads():
+    # X1 #2: J_ij = Σ_h J^h_ij, each head's term that of the one-head layer with its projections (checked exactly
+    # against autograd), so on tokens of norm <= R: ‖J_ij‖₂ <= Σ_h (1 + 2ζ_h)ᾱ^h‖V_h‖₂ and
+    # ‖J_ij − V_1‖₂ >= (1 − ᾱ^1)σ₂(V_1) − (1 + 2ζ_2)ᾱ^2‖V_2‖₂ (one-sided: random inputs and inputs planted for
+    # head 1, where head 2 is small so that the second bound is not vacuous).
+    rng = np.random.default_rng(11)
+    m, j, R = 6, 2, 1.0
+    for seed in range(3):
+        base = SoftmaxAttention.random(4, 4, 2, d_k=4, d_v=4, seed=seed)
+        W_O = arr(base.W_O).copy()
+        W_O[1] *= 0.02
+        layer = SoftmaxAttention(arr(base.W_Q), arr(base.W_K), arr(base.W_V), W_O)
+        heads = [SoftmaxAttention(arr(base.W_Q)[h:h + 1], arr(base.W_K)[h:h + 1], arr(base.W_V)[h:h + 1],
+                                  W_O[h:h + 1]) for h in range(2)]
+        V = [arr(one.values()[0]) for one in heads]
+        zeta = [gh.score_bound(one, R) for one in heads]
+        abar = [gh.weight_bound(z, np.zeros(m + 1), m, j) for z in zeta]
+        path = [(1 + 2 * z) * a * np.linalg.norm(v, 2) for z, a, v in zip(zeta, abar, V)]
+        price = (1 - abar[0]) * np.linalg.svd(V[0], compute_uv=False)[1] - path[1]
+        assert price > 0
+        M = arr(base.W_K[0]).T @ arr(base.W_Q[0])
+        for k in range(60):
+            X = rng.standard_normal((m + 1, 4))
+            if k % 2:  # planted for head 1: query along M's top right singular vector, key along g
+                X[m] = np.linalg.svd(M)[2][0]
+                X[j] = M @ X[m]
+            X *= R / np.linalg.norm(X, axis=1, keepdims=True)
+            J = jacobian_blocks(layer, X, m)[j]
+            parts = sum(jacobian_blocks(one, X, m)[j] for one in heads)
+            assert np.abs(J - parts).max() < 1e-12
+            assert np.linalg.norm(J, 2) <= sum(path) * (1 + 1e-12)
+            assert np.linalg.norm(J - V[0], 2) >= price * (1 - 1e-12)
