@@ -2655,7 +2655,7 @@ def test_cor_attention_price_1_direction_bound_is_one_heads_two_heads_give_j_equ
     # W1 #1, X1 #1/#4: with H = 2 the other head enters J_ij. V₂ = m·V₁ and a constant input of norm 1 give uniform
     # weights 1/(m + 1) in both heads and x_j − x̄ = 0, so J_{m,0} = (V₁ + V₂)/(m + 1) = V₁ exactly — the layer's
     # uniform 1/i path measured against its smaller head — although head 1's own price (1 − ᾱ)σ₂(V₁) is large here
-    # (W_Q = 0: ᾱ = 1/(m + 1) on every input); head 1 alone sits at that price.
+    # (W_Q = 0: ᾱ = 1/(m + 1) on every input); head 1 alone is at (1 − ᾱ)σ₁(V₁), above that price.
     rng = np.random.default_rng(7)
     d, m = 4, 10
     W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
@@ -2671,17 +2671,43 @@ def test_cor_attention_price_1_direction_bound_is_one_heads_two_heads_give_j_equ
     X /= np.linalg.norm(X[0])
     J = jacobian_blocks(two, X, m)[0]
     assert np.linalg.norm(J - V1, 2) < 1e-12 * size < price  # below one head's price: the sum over heads
-    total = np.linalg.norm(arr(two.values()).sum(0), 2)
-    assert np.linalg.norm(J, 2) == pytest.approx(total / (m + 1), rel=1e-12)  # the layer's 1/i path
     alone = np.linalg.norm(jacobian_blocks(one, X, m)[0] - V1, 2)
-    assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12) and alone >= price
+    assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12)
+
+
+def _two_head_bounds(heads, R, m, j):
+    # Σ_h (1 + 2ζ_h)ᾱ^h‖V_h‖₂ and (1 − ᾱ^1)σ₂(V_1) − (1 + 2ζ_2)ᾱ^2‖V_2‖₂ for one-head layers `heads`, no bias.
+    V = [arr(one.values()[0]) for one in heads]
+    zeta = [gh.score_bound(one, R) for one in heads]
+    abar = [gh.weight_bound(z, np.zeros(m + 1), m, j) for z in zeta]
+    path = [(1 + 2 * z) * a * np.linalg.norm(v, 2) for z, a, v in zip(zeta, abar, V)]
+    return sum(path), (1 - abar[0]) * np.linalg.svd(V[0], compute_uv=False)[1] - path[1]
+
+
+def test_cor_attention_price_two_head_bounds_are_attained():
+    # Y1 #3: W_Q = 0 (ζ = 0, α = 1/(m + 1) on every input), V_1 orthogonal, V_2 = cV_1, c <= m: J = (1 + c)V_1/(m + 1),
+    # so ‖J‖₂ = (1 + c)/(m + 1) and ‖J − V_1‖₂ = (m − c)/(m + 1), both bounds with equality (autograd), on any input.
+    rng = np.random.default_rng(5)
+    d, m, j = 4, 10, 3
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    for c in (0.0, 3.0, 7.0, 10.0):
+        W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
+        W_O = [Q, c * Q]
+        layer = SoftmaxAttention(W_Q, W_K, [np.eye(d)] * 2, W_O)
+        heads = [SoftmaxAttention(W_Q[h:h + 1], W_K[h:h + 1], [np.eye(d)], [W_O[h]]) for h in range(2)]
+        upper, lower = _two_head_bounds(heads, 1.0, m, j)
+        X = rng.standard_normal((m + 1, d))
+        X /= np.linalg.norm(X, axis=1, keepdims=True)
+        J = jacobian_blocks(layer, X, m)[j]
+        assert np.linalg.norm(J, 2) == pytest.approx(upper, rel=1e-12)
+        assert np.linalg.norm(J - Q, 2) == pytest.approx(lower, rel=1e-12, abs=1e-12)
 
 
 def test_cor_attention_price_holds_head_by_head_for_two_heads():
     # X1 #2: J_ij = Σ_h J^h_ij, each head's term that of the one-head layer with its projections (checked exactly
     # against autograd), so on tokens of norm <= R: ‖J_ij‖₂ <= Σ_h (1 + 2ζ_h)ᾱ^h‖V_h‖₂ and
     # ‖J_ij − V_1‖₂ >= (1 − ᾱ^1)σ₂(V_1) − (1 + 2ζ_2)ᾱ^2‖V_2‖₂ (one-sided: random inputs and inputs planted for
-    # head 1, where head 2 is small so that the second bound is not vacuous).
+    # head 1, where head 2 is small so that the second bound is not vacuous; attained: the test above).
     rng = np.random.default_rng(11)
     m, j, R = 6, 2, 1.0
     for seed in range(3):
@@ -2691,11 +2717,8 @@ def test_cor_attention_price_holds_head_by_head_for_two_heads():
         layer = SoftmaxAttention(arr(base.W_Q), arr(base.W_K), arr(base.W_V), W_O)
         heads = [SoftmaxAttention(arr(base.W_Q)[h:h + 1], arr(base.W_K)[h:h + 1], arr(base.W_V)[h:h + 1],
                                   W_O[h:h + 1]) for h in range(2)]
-        V = [arr(one.values()[0]) for one in heads]
-        zeta = [gh.score_bound(one, R) for one in heads]
-        abar = [gh.weight_bound(z, np.zeros(m + 1), m, j) for z in zeta]
-        path = [(1 + 2 * z) * a * np.linalg.norm(v, 2) for z, a, v in zip(zeta, abar, V)]
-        price = (1 - abar[0]) * np.linalg.svd(V[0], compute_uv=False)[1] - path[1]
+        V1 = arr(heads[0].values()[0])
+        upper, price = _two_head_bounds(heads, R, m, j)
         assert price > 0
         M = arr(base.W_K[0]).T @ arr(base.W_Q[0])
         for k in range(60):
@@ -2707,5 +2730,5 @@ def test_cor_attention_price_holds_head_by_head_for_two_heads():
             J = jacobian_blocks(layer, X, m)[j]
             parts = sum(jacobian_blocks(one, X, m)[j] for one in heads)
             assert np.abs(J - parts).max() < 1e-12
-            assert np.linalg.norm(J, 2) <= sum(path) * (1 + 1e-12)
-            assert np.linalg.norm(J - V[0], 2) >= price * (1 - 1e-12)
+            assert np.linalg.norm(J, 2) <= upper * (1 + 1e-12)
+            assert np.linalg.norm(J - V1, 2) >= price * (1 - 1e-12)
