@@ -2701,6 +2701,19 @@ def test_cor_attention_price_two_head_bounds_are_attained():
         J = jacobian_blocks(layer, X, m)[j]
         assert np.linalg.norm(J, 2) == pytest.approx(upper, rel=1e-12)
         assert np.linalg.norm(J - Q, 2) == pytest.approx(lower, rel=1e-12, abs=1e-12)
+    # Z1 #2: the lower bound at ζ_1 = 1 with σ₁(V_1) = 1 ≠ σ₂(V_1) = 1/2 (head 1 of the one-head direction test,
+    # key −e₁, other tokens e₁; head 2: W_Q = 0, V_2 = c·e₂e₂ᵀ), attained: σ₁ for σ₂ or ᾱ's exponent changed fails.
+    for m in (8, 16):
+        for c in (0.0, 0.5, 1.0):
+            W_Q, W_K = [[[1.0, 0.0]], [[0.0, 0.0]]], [[[-1.0, 0.0]], [[1.0, 0.0]]]
+            W_V, W_O = [np.diag([1.0, 0.5]), np.eye(2)], [np.eye(2), c * np.diag([0.0, 1.0])]
+            layer = SoftmaxAttention(W_Q, W_K, W_V, W_O)
+            heads = [SoftmaxAttention([W_Q[h]], [W_K[h]], [W_V[h]], [W_O[h]]) for h in range(2)]
+            X = np.zeros((m + 1, 2))
+            X[:, 0] = 1.0
+            X[0, 0] = -1.0
+            gap = np.linalg.norm(jacobian_blocks(layer, X, m)[0] - arr(heads[0].values()[0]), 2)
+            assert gap == pytest.approx(_two_head_bounds(heads, 1.0, m, 0)[1], rel=1e-12)
 
 
 def test_cor_attention_price_holds_head_by_head_for_two_heads():
