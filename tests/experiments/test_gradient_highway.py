@@ -2701,6 +2701,14 @@ def test_cor_attention_price_two_head_bounds_are_attained():
         J = jacobian_blocks(layer, X, m)[j]
         assert np.linalg.norm(J, 2) == pytest.approx(upper, rel=1e-12)
         assert np.linalg.norm(J - Q, 2) == pytest.approx(lower, rel=1e-12, abs=1e-12)
+    # AA1 #1: ζ = 0 alone does not attain the upper bound: V_2 = −V_1 cancels (J = 0 against 2/(m + 1))
+    W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
+    layer = SoftmaxAttention(W_Q, W_K, [np.eye(d)] * 2, [Q, -Q])
+    heads = [SoftmaxAttention(W_Q[h:h + 1], W_K[h:h + 1], [np.eye(d)], [(1, -1)[h] * Q]) for h in range(2)]
+    X = rng.standard_normal((m + 1, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    upper = _two_head_bounds(heads, 1.0, m, j)[0]
+    assert upper == pytest.approx(2 / (m + 1)) and np.linalg.norm(jacobian_blocks(layer, X, m)[j], 2) < 1e-12
     # Z1 #2: the lower bound at ζ_1 = 1 with σ₁(V_1) = 1 ≠ σ₂(V_1) = 1/2 (head 1 of the one-head direction test,
     # key −e₁, other tokens e₁; head 2: W_Q = 0, V_2 = c·e₂e₂ᵀ), attained: σ₁ for σ₂ or ᾱ's exponent changed fails.
     for m in (8, 16):
