@@ -2675,10 +2675,10 @@ def test_cor_attention_price_1_direction_bound_is_one_heads_two_heads_give_j_equ
     assert alone == pytest.approx(m / (m + 1) * size, rel=1e-12)
 
 
-def _two_head_bounds(heads, R, m, j):
-    # Σ_h (1 + 2ζ_h)ᾱ^h‖V_h‖₂ and (1 − ᾱ^1)σ₂(V_1) − (1 + 2ζ_2)ᾱ^2‖V_2‖₂ for one-head layers `heads`, no bias.
-    V = [arr(one.values()[0]) for one in heads]
-    zeta = [gh.score_bound(one, R) for one in heads]
+def _two_head_bounds(layer, R, m, j):
+    # Σ_h (1 + 2ζ_h)ᾱ^h‖V_h‖₂ and (1 − ᾱ^1)σ₂(V_1) − (1 + 2ζ_2)ᾱ^2‖V_2‖₂ for a two-head layer, no bias.
+    V = [arr(v) for v in layer.values()]
+    zeta = [gh.score_bound(layer, R, head=h) for h in range(2)]
     abar = [gh.weight_bound(z, np.zeros(m + 1), m, j) for z in zeta]
     path = [(1 + 2 * z) * a * np.linalg.norm(v, 2) for z, a, v in zip(zeta, abar, V)]
     return sum(path), (1 - abar[0]) * np.linalg.svd(V[0], compute_uv=False)[1] - path[1]
@@ -2694,8 +2694,7 @@ def test_cor_attention_price_two_head_bounds_are_attained():
         W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
         W_O = [Q, c * Q]
         layer = SoftmaxAttention(W_Q, W_K, [np.eye(d)] * 2, W_O)
-        heads = [SoftmaxAttention(W_Q[h:h + 1], W_K[h:h + 1], [np.eye(d)], [W_O[h]]) for h in range(2)]
-        upper, lower = _two_head_bounds(heads, 1.0, m, j)
+        upper, lower = _two_head_bounds(layer, 1.0, m, j)
         X = rng.standard_normal((m + 1, d))
         X /= np.linalg.norm(X, axis=1, keepdims=True)
         J = jacobian_blocks(layer, X, m)[j]
@@ -2704,10 +2703,9 @@ def test_cor_attention_price_two_head_bounds_are_attained():
     # AA1 #1: ζ = 0 alone does not attain the upper bound: V_2 = −V_1 cancels (J = 0 against 2/(m + 1))
     W_Q, W_K = np.zeros((2, d, d)), rng.standard_normal((2, d, d))
     layer = SoftmaxAttention(W_Q, W_K, [np.eye(d)] * 2, [Q, -Q])
-    heads = [SoftmaxAttention(W_Q[h:h + 1], W_K[h:h + 1], [np.eye(d)], [(1, -1)[h] * Q]) for h in range(2)]
     X = rng.standard_normal((m + 1, d))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    upper = _two_head_bounds(heads, 1.0, m, j)[0]
+    upper = _two_head_bounds(layer, 1.0, m, j)[0]
     assert upper == pytest.approx(2 / (m + 1)) and np.linalg.norm(jacobian_blocks(layer, X, m)[j], 2) < 1e-12
     # Z1 #2: the lower bound at ζ_1 = 1 with σ₁(V_1) = 1 ≠ σ₂(V_1) = 1/2 (head 1 of the one-head direction test,
     # key −e₁, other tokens e₁; head 2: W_Q = 0, V_2 = c·e₂e₂ᵀ), attained: σ₁ for σ₂ or ᾱ's exponent changed fails.
@@ -2716,12 +2714,11 @@ def test_cor_attention_price_two_head_bounds_are_attained():
             W_Q, W_K = [[[1.0, 0.0]], [[0.0, 0.0]]], [[[-1.0, 0.0]], [[1.0, 0.0]]]
             W_V, W_O = [np.diag([1.0, 0.5]), np.eye(2)], [np.eye(2), c * np.diag([0.0, 1.0])]
             layer = SoftmaxAttention(W_Q, W_K, W_V, W_O)
-            heads = [SoftmaxAttention([W_Q[h]], [W_K[h]], [W_V[h]], [W_O[h]]) for h in range(2)]
             X = np.zeros((m + 1, 2))
             X[:, 0] = 1.0
             X[0, 0] = -1.0
-            gap = np.linalg.norm(jacobian_blocks(layer, X, m)[0] - arr(heads[0].values()[0]), 2)
-            assert gap == pytest.approx(_two_head_bounds(heads, 1.0, m, 0)[1], rel=1e-12)
+            gap = np.linalg.norm(jacobian_blocks(layer, X, m)[0] - arr(layer.values()[0]), 2)
+            assert gap == pytest.approx(_two_head_bounds(layer, 1.0, m, 0)[1], rel=1e-12)
 
 
 def test_cor_attention_price_holds_head_by_head_for_two_heads():
@@ -2739,7 +2736,7 @@ def test_cor_attention_price_holds_head_by_head_for_two_heads():
         heads = [SoftmaxAttention(arr(base.W_Q)[h:h + 1], arr(base.W_K)[h:h + 1], arr(base.W_V)[h:h + 1],
                                   W_O[h:h + 1]) for h in range(2)]
         V1 = arr(heads[0].values()[0])
-        upper, price = _two_head_bounds(heads, R, m, j)
+        upper, price = _two_head_bounds(layer, R, m, j)
         assert price > 0
         M = arr(base.W_K[0]).T @ arr(base.W_Q[0])
         for k in range(60):
