@@ -1295,6 +1295,8 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
     assert on_grid.reach == 2 and on_grid.verdict == "decays" and on_grid.far == 1e-4
     threshold = read_profile([1.0, 1.0, 1e3, 1.0], 1e-3)  # growth exactly 1/eps is not growth
     assert threshold.verdict == "preserved"
+    tie = read_profile([9.0, 1.0, 1e-3], 1e-3)  # g(n − 1) exactly eps·g(1): kept, not decayed
+    assert (tie.verdict, tie.reach) == ("preserved", 2)
 
 
 def test_lower_median_is_an_element():
