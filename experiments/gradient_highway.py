@@ -834,10 +834,10 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     first, far = float(g[0]), float(g[-1])
     if first == 0:
         return ProfileReading(0, math.nan, "zero beyond D = 0", first, far)
-    kept = g >= eps * first  # one comparison for the reach and the end's verdict
-    grows = bool((g > first / eps).any())
-    verdict = "grows" if grows else ("preserved" if kept[-1] else "decays")
-    return ProfileReading(int(D[kept].max()), float((g / first).max()), verdict, first, far)
+    ratio, kept = g / first, g >= eps * first  # one comparison each: growth; reach and end
+    growth = float(ratio.max())
+    verdict = "grows" if growth > 1 / eps else ("preserved" if kept[-1] else "decays")
+    return ProfileReading(int(D[kept].max()), growth, verdict, first, far)
 
 
 def shrink_to(X: Any, radius: float, built: Any = None) -> np.ndarray:
@@ -897,37 +897,16 @@ def adversarial_profile(model: Any, n: int, distances: Any, *, radius: float, st
     norms, matched, longest = [], [], 0.0
     for D in distances:
         j = last - D
-        X, built = _input_for_distance(model, n, D, strength=strength, closing=closing, seed=seed)
+        if gated:
+            X, built = gate_closing_input(model, n, j, closing=closing, seed=seed), np.arange(n) >= j
+        else:
+            X, built = planted_key_input(model, n, last, j, strength=strength, seed=seed + D), np.arange(n) == j
         norms.append(jacobian_norms(model, X, last)[j])
         if D in ends:
             matched.append(jacobian_norms(model, shrink_to(X, radius, built), last)[j])
         longest = max(longest, float(np.linalg.norm(X[built], axis=1).max()))
     text = f"gate-closing, W_Δu + b_Δ = −{closing:g}" if gated else f"planted key, strength {strength:g}"
     return AdversarialProfile(distances, np.array(norms), (matched[0], matched[-1]), longest, text)
-
-
-def _input_for_distance(model: Any, n: int, D: int, *, strength: float, closing: float,
-                        seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(X, built tokens mask) that `adversarial_profile` builds for distance D (attention, gated SSMs)."""
-    j = n - 1 - D
-    if isinstance(model, (SelectiveSSM, SSD)):
-        return gate_closing_input(model, n, j, closing=closing, seed=seed), np.arange(n) >= j
-    return planted_key_input(model, n, n - 1, j, strength=strength, seed=seed + D), np.arange(n) == j
-
-
-def built_input_profile(model: Any, n: int, D: int, *, strength: float = 30.0, closing: float = 20.0,
-                        seed: int = 0) -> np.ndarray:
-    """g(0..n − 1) at position n on the one input `adversarial_profile` builds for distance D.
-
-    Attention and gated SSMs only (they build one input per distance): the whole profile g_D of
-    that input, shape (n,), indexed by distance, to read it on its own (`read_profile`).
-    """
-    if isinstance(model, ElmanRNN):
-        raise ValueError("model: an ElmanRNN has one built input for every distance; use adversarial_profile")
-    if not 1 <= D <= n - 1:
-        raise ValueError(f"D must lie in 1..n − 1 = {n - 1}, got {D}")
-    X, _ = _input_for_distance(model, n, D, strength=strength, closing=closing, seed=seed)
-    return jacobian_norms(model, X, n - 1)[::-1]
 
 
 def lower_median(values: Any) -> float:

@@ -1266,7 +1266,6 @@ from experiments.gradient_highway import (  # noqa: E402
     STANDARD_STEPS,
     SWEEP_KINDS,
     adversarial_profile,
-    built_input_profile,
     alternating_saturation_input,
     lower_median,
     reach_row,
@@ -1301,6 +1300,9 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
         tie = read_profile([9.0, g1, g1, far], 1e-3)
         assert (tie.verdict, tie.reach) == ("preserved", 3)
         assert far / g1 < 1e-3 or g1 == 1.0  # the second: a ratio that rounds below eps
+    g1 = 3.8984077871926464  # g(2) == 1e3·g(1) in floating point: growth exactly 1/eps, not growth
+    tie = read_profile([5.0, g1, 1e3 * g1], 1e-3)
+    assert (tie.growth, tie.verdict) == (1000.0, "preserved")
 
 
 def test_lower_median_is_an_element():
@@ -1402,24 +1404,6 @@ def test_adversarial_profile_is_each_propositions_input_and_its_shrunk_copy():
     np.testing.assert_allclose(found.norms, jacobian_norms(rnn, X, n - 1)[::-1][distances], rtol=1e-12)
     assert found.longest == pytest.approx(np.linalg.norm(X, axis=1).max())
     assert found.matched[1] == pytest.approx(jacobian_norms(rnn, shrink_to(X, radius), n - 1)[::-1][23])
-
-
-def test_built_input_profile_is_the_whole_profile_of_the_input_built_for_one_distance():
-    zoo = {label: model for _, label, model in architecture_zoo(d=4, p=4, seed=0)}
-    n, D = 24, 9
-    for label, build in (("prop-softmax-attention", {"strength": 30.0, "seed": 2}),
-                         ("prop-ssd", {"closing": 20.0, "seed": 1})):
-        model = zoo[label]
-        g = built_input_profile(model, n, D, **build)
-        X = (planted_key_input(model, n, n - 1, n - 1 - D, strength=30.0, seed=2 + D) if label == "prop-softmax-attention"
-             else gate_closing_input(model, n, n - 1 - D, closing=20.0, seed=1))
-        np.testing.assert_allclose(g, [np.linalg.norm(b) for b in jacobian_blocks(model, X, n - 1)[::-1]],
-                                   rtol=1e-12)
-        assert g[D] == pytest.approx(adversarial_profile(model, n, [D], radius=4.0, **build).norms[0], rel=1e-12)
-    with pytest.raises(ValueError, match="ElmanRNN"):
-        built_input_profile(zoo["prop-rnn"], n, D)
-    with pytest.raises(ValueError, match="D must"):
-        built_input_profile(zoo["prop-ssd"], n, n)
 
 
 def test_reach_row_reads_random_and_adversarial_profiles():
