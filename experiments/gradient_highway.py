@@ -812,7 +812,7 @@ def standard_zoo(d: int = 4, *, state: int = 16, heads: int = 2, seed: Any = 0) 
 class ProfileReading:
     """A profile g(D) = ‖J_{n−1, n−1−D}‖_F read against its first lag g(1) (`read_profile`).
 
-    reach: the largest D >= 1 with g(D) >= eps · g(1) (0 when g(1) = 0); growth: max_{D >= 1} g(D) / g(1);
+    reach: the largest D >= 1 with g(D) >= eps · g(1) (0 when g(1) = 0, by convention: undefined); growth: max_{D >= 1} g(D) / g(1);
     verdict: "zero beyond D = 0" when g(1) = 0, else "grows" when growth > 1/eps, else "decays"
     when g at the largest distance is < eps · g(1), else "preserved"; first, far: g(1) and g at
     the largest distance, absolute.
@@ -834,7 +834,8 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     first, far = float(g[0]), float(g[-1])
     if first == 0:
         return ProfileReading(0, math.nan, "zero beyond D = 0", first, far)
-    ratio, kept = g / first, g >= eps * first  # one comparison each: growth; reach and end
+    ratio = g / first  # growth; the reach and the end by one comparison (by the ratio on underflow)
+    kept = g >= eps * first if eps * first > 0 else ratio >= eps
     growth = float(ratio.max())
     verdict = "grows" if growth > 1 / eps else ("preserved" if kept[-1] else "decays")
     return ProfileReading(int(D[kept].max()), growth, verdict, first, far)

@@ -70,7 +70,8 @@ def margin_needed(eps: float, D: int, condition: float = 1.0) -> float:
 
 def reach(profile: Any, eps: float = 1e-3) -> float:
     """The largest D >= 1 with g(D) >= eps · g(1) for a profile g indexed by D: the reach page's definition
-    (`experiments.gradient_highway.read_profile`). Undefined (nan) if g(1) = 0 — a shift register or the
+    (`experiments.gradient_highway.read_profile`). Undefined (nan) if g(1) = 0, where `read_profile` reports
+    reach 0 with the verdict "zero beyond D = 0" (the figures' convention) — a shift register or the
     cyclic SSM of part 5(b), whose gradient at N − 1 may equal the one at 0, has no reach by this measure."""
     g = _array(profile)
     return float("nan") if g[1] == 0 else int(np.flatnonzero(g[1:] >= eps * g[1]).max()) + 1

@@ -1289,6 +1289,9 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
     assert (flat.verdict, flat.reach, flat.growth, flat.first, flat.far) == ("preserved", 49, 1.0, 0.1, 0.1)
     decays = read_profile(0.5 ** D, 1e-3)
     assert decays.verdict == "decays" and decays.reach == 10  # 0.5^9 >= 1e-3 · 0.5 > 0.5^11
+    assert decays.growth == 1.0  # max over D >= 1 of g(D)/g(1): g(1)'s own
+    tiny = read_profile([1.0, 1e-322, 5e-323, 0.0], 1e-3)  # eps·g(1) underflows to 0: still decays
+    assert (tiny.verdict, tiny.reach) == ("decays", 2)
     zero = read_profile(np.r_[1.0, np.zeros(9)])
     assert zero.verdict == "zero beyond D = 0" and zero.reach == 0
     on_grid = read_profile([3.0, 2.0, 1e-5, 1e-4], 1e-3, distances=[1, 2, 64, 127])
