@@ -834,8 +834,8 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     first, far = float(g[0]), float(g[-1])
     if first == 0:
         return ProfileReading(0, math.nan, "zero beyond D = 0", first, far)
-    ratio = g / first  # growth; the reach and the end by one comparison (by the ratio on underflow)
-    kept = g >= eps * first if eps * first > 0 else ratio >= eps
+    ratio = g / first  # growth; the reach and the end by one comparison (by the ratio if subnormal)
+    kept = g >= eps * first if eps * first >= np.finfo(float).tiny else ratio >= eps
     growth = float(ratio.max())
     verdict = "grows" if growth > 1 / eps else ("preserved" if kept[-1] else "decays")
     return ProfileReading(int(D[kept].max()), growth, verdict, first, far)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.gradient_highway import read_profile
 from lib import LinearSSM
 
 
@@ -69,12 +70,12 @@ def margin_needed(eps: float, D: int, condition: float = 1.0) -> float:
 
 
 def reach(profile: Any, eps: float = 1e-3) -> float:
-    """The largest D >= 1 with g(D) >= eps · g(1) for a profile g indexed by D: the reach page's definition
-    (`experiments.gradient_highway.read_profile`). Undefined (nan) if g(1) = 0, where `read_profile` reports
-    reach 0 with the verdict "zero beyond D = 0" (the figures' convention) — a shift register or the
-    cyclic SSM of part 5(b), whose gradient at N − 1 may equal the one at 0, has no reach by this measure."""
+    """The largest D >= 1 with g(D) >= eps · g(1) for a profile g indexed by D: `read_profile`'s reach
+    (the reach page's definition), except undefined (nan) where g(1) = 0 — `read_profile` writes 0 there,
+    the figures' convention. A shift register or the cyclic SSM of part 5(b), whose gradient at N − 1 may
+    equal the one at 0, has no reach by this measure."""
     g = _array(profile)
-    return float("nan") if g[1] == 0 else int(np.flatnonzero(g[1:] >= eps * g[1]).max()) + 1
+    return float("nan") if g[1] == 0 else read_profile(g, eps).reach
 
 
 def margin_reading(ssm: LinearSSM, profile: Any, eps: float) -> dict[str, float]:
