@@ -3,6 +3,7 @@ delayed recall (experiments.gradient_highway)."""
 
 import itertools
 import math
+from fractions import Fraction
 from math import comb
 
 import numpy as np
@@ -1306,6 +1307,15 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
     g1 = 3.8984077871926464  # g(2) == 1e3·g(1) in floating point: growth exactly 1/eps, not growth
     tie = read_profile([5.0, g1, 1e3 * g1], 1e-3)
     assert (tie.growth, tie.verdict) == (1000.0, "preserved")
+
+
+def test_read_profile_reads_the_stored_values_when_eps_g1_is_subnormal():
+    g = [1.0, 1e-318, 1e-321]  # eps·g(1) is subnormal and rounds to g(2) itself
+    kept = Fraction(g[2]) >= Fraction(1e-3) * Fraction(g[1])  # the stored values, exactly
+    reading = read_profile(g, 1e-3)
+    scaled = read_profile([v * 1e300 for v in g], 1e-3)  # the same profile at normal scale
+    assert (reading.verdict, reading.reach) == (("preserved", 2) if kept else ("decays", 1))
+    assert (scaled.verdict, scaled.reach) == (reading.verdict, reading.reach)
 
 
 def test_lower_median_is_an_element():

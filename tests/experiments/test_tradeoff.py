@@ -1,6 +1,7 @@
 """Rank and attenuation within input-independent dynamics (experiments.tradeoff)."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -60,6 +61,9 @@ def test_prop_rank_attenuation_independent_the_referees_instance():
         assert min_heads(ssm, n) == 4
         assert g[-1] == pytest.approx(far, rel=1e-3)
         assert reach(g, 1e-3) == expected_reach == read_profile(g, 1e-3).reach
+    # eps·g(1) subnormal: the stored g(2)/g(1) = 202/202402 < eps, so g(2) is not kept
+    assert Fraction(1e-321) < Fraction(1e-3) * Fraction(1e-318)
+    assert reach([1.0, 1e-318, 1e-321], 1e-3) == 1
 
 
 @pytest.mark.parametrize("angles", [[1.0, 2.0], [0.3, 2.9, 1.7], [0.01, 3.1]])
