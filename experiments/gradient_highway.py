@@ -813,7 +813,7 @@ class ProfileReading:
     """A profile g(D) = ‖J_{n−1, n−1−D}‖_F read against its first lag g(1) (`read_profile`).
 
     reach: the largest D >= 1 with g(D) >= eps · g(1) (0 when g(1) = 0, by convention: undefined); growth: max_{D >= 1} g(D) / g(1);
-    verdict: "zero beyond D = 0" when g(1) = 0, else "grows" when growth > 1/eps, else "decays"
+    verdict: "zero beyond D = 0" when g = 0 at every D >= 1, "g(1) = 0" when g(1) = 0 but a later g(D) is not, else "grows" when growth > 1/eps, else "decays"
     when g at the largest distance is < eps · g(1), else "preserved"; first, far: g(1) and g at
     the largest distance, absolute.
     """
@@ -833,7 +833,7 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     g, D = g[keep], D[keep]
     first, far = float(g[0]), float(g[-1])
     if first == 0:
-        return ProfileReading(0, math.nan, "zero beyond D = 0", first, far)
+        return ProfileReading(0, math.nan, "zero beyond D = 0" if not g.any() else "g(1) = 0", first, far)
     ratio = g / first  # growth; the reach and the end by one comparison (by the ratio if subnormal)
     kept = g >= eps * first if eps * first >= np.finfo(float).tiny else ratio >= eps
     growth = float(ratio.max())

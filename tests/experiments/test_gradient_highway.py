@@ -1295,6 +1295,8 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
     assert (tiny.verdict, tiny.reach) == ("decays", 2)
     zero = read_profile(np.r_[1.0, np.zeros(9)])
     assert zero.verdict == "zero beyond D = 0" and zero.reach == 0
+    gap = read_profile([0.79, 0.0, 0.065, 0.02])  # g(1) = 0 with a gradient beyond: not "zero beyond"
+    assert gap.verdict == "g(1) = 0" and gap.reach == 0
     on_grid = read_profile([3.0, 2.0, 1e-5, 1e-4], 1e-3, distances=[1, 2, 64, 127])
     assert on_grid.reach == 2 and on_grid.verdict == "decays" and on_grid.far == 1e-4
     threshold = read_profile([1.0, 1.0, 1e3, 1.0], 1e-3)  # growth exactly 1/eps is not growth
