@@ -4,6 +4,7 @@ fail with ``--require-browser``."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import re
@@ -227,7 +228,8 @@ def audit_bundle(book: Book) -> Audit:
 
 # --- (j): how a notebook page reads ---------------------------------------------------------
 GOALS = {"code lines per 100 words": 15, "largest visible cell": 15, "lines over 88 characters": 0,
-         "object reprs and stray values": 0, "figures wider than 8 in": 0}
+         "object reprs and stray values": 0, "figures wider than 8 in": 0,
+         "tables built but not shown": 0}
 MAX_LINE = 88
 _REPR = re.compile(r"<[A-Za-z_][\w.]*(?: object)? at 0x[0-9a-fA-F]+>|\bT_[0-9a-f]{5}(?:_|\b)")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
@@ -238,11 +240,32 @@ def png_width(data: str) -> int:
     return struct.unpack(">I", base64.b64decode(data[:44])[16:20])[0]
 
 
+def unshown_tables(source: str) -> list[int]:
+    """Lines of ``run.show(...)`` calls whose table never reaches the page: a Table shows as
+    the cell's last expression or through ``display(...)``, or is glued or returned for a
+    caller to show; in a loop, assigned or mid-cell it is built and dropped."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    last = tree.body[-1].value if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    shown = {id(last)} | {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called(node) in ("display", "run.glue"):
+            shown |= {id(arg) for arg in node.args}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and _called(node) == "run.show" and id(node) not in shown]
+
+
+def _called(call: ast.Call) -> str:
+    return ast.unparse(call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else ""
+
+
 def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
     """measure -> (value, examples) for one executed notebook: what a reader sees is a code
     cell's source unless tagged to hide it, and its outputs unless tagged to remove them."""
     words = code = largest = 0
-    long, reprs, wide = [], [], []
+    long, reprs, wide, unshown = [], [], [], []
     for number, cell in enumerate(nb.cells, 1):
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type == "markdown":
@@ -254,6 +277,7 @@ def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
             code, largest = code + len(lines), max(largest, len(lines))
         if not tags & {"remove-input", "remove-cell"}:  # hide-input is one click away: it counts
             long += [f"cell {number}: {len(line)} chars" for line in lines if len(line) > MAX_LINE]
+        unshown += [f"cell {number}, line {line}" for line in unshown_tables(cell.source)]
         if tags & {"remove-output", "remove-cell"}:
             continue
         for out in cell.get("outputs", []):
@@ -267,7 +291,8 @@ def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
     return {"code lines per 100 words": (100 * code / max(words, 1), []),
             "largest visible cell": (largest, []), "lines over 88 characters": (len(long), long),
             "object reprs and stray values": (len(reprs), reprs),
-            "figures wider than 8 in": (len(wide), wide)}
+            "figures wider than 8 in": (len(wide), wide),
+            "tables built but not shown": (len(unshown), unshown)}
 
 
 def reading_problems(nb, name: str) -> list[str]:
@@ -278,7 +303,7 @@ def reading_problems(nb, name: str) -> list[str]:
 
 
 def audit_reading(book: Book) -> Audit:
-    result = Audit("(j) chapter notebooks read like a book (short cells, no reprs, figures fit)")
+    result = Audit("(j) chapter notebooks read like a book (short cells, no reprs, figures fit, tables shown)")
     chapters = [(nb, notebook) for nb, notebook in _executed(book) if nb.parts[:2] != ("chapters", "appendix")]
     worst = dict.fromkeys(GOALS, 0.0)
     for nb, notebook in chapters:

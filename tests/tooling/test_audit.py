@@ -105,15 +105,29 @@ def test_each_reading_measure_fails_and_names_notebook_and_measure():
                    "text/html": '<table id="T_1a2b3_">'})]),
                code("len(x)", outputs=[new_output("execute_result", data={"text/plain": "7168"})]),
                code("plot()", outputs=[new_output("display_data", data={
-                   "image/png": png(int(12.5 * FIGURE_DPI))})]))
+                   "image/png": png(int(12.5 * FIGURE_DPI))})]),
+               code("for df in dfs:\n    run.show(df)", ["remove-input"]))
     problems = reading_problems(bad, "chapters/x/bad.ipynb")
     text = "\n".join(problems)
-    assert all(p.startswith("chapters/x/bad.ipynb: ") for p in problems) and len(problems) == 5
+    assert all(p.startswith("chapters/x/bad.ipynb: ") for p in problems) and len(problems) == 6
     for name in ("largest visible cell = 16", "lines over 88 characters = 1",
                  "object reprs and stray values = 3", "figures wider than 8 in = 1",
-                 "code lines per 100 words = 20"):
+                 "code lines per 100 words = 20", "tables built but not shown = 1"):
         assert name in text, name
     assert "stray value '7168'" in text and "12.5 in" in text
+
+
+def test_a_table_reaches_the_page_only_as_last_expression_display_glue_or_return():
+    shown = ["run.show(df)", "x = 1\nrun.show(df, '{:.1e}')", "display(run.show(df))\ny = 2",
+             "run.glue('key', run.show(df))", "def f(df):\n    return run.show(df)",
+             "for df in dfs:\n    display(run.show(df))", "run.show(df  # a comment\n)"]
+    for source in shown:
+        assert audit.unshown_tables(source) == [], source
+    dropped = {"run.show(df)\ny = 2": [1], "t = run.show(df)": [1], "[run.show(d) for d in dfs]": [1],
+               "for df in dfs:\n    run.show(df)": [2], "print(run.show(df))\nrun.show(b)": [1],
+               "if ok:\n    run.show(df)": [2]}
+    for source, lines in dropped.items():
+        assert audit.unshown_tables(source) == lines, source
 
 
 # --- on a built book ----------------------------------------------------------------------------
