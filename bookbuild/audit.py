@@ -4,7 +4,6 @@ fail with ``--require-browser``."""
 
 from __future__ import annotations
 
-import ast
 import base64
 import io
 import re
@@ -13,6 +12,7 @@ import struct
 from dataclasses import dataclass, field
 
 import nbformat
+import yaml
 
 from .book import Book
 from .browser import Browser, find_chromium, serve
@@ -228,8 +228,7 @@ def audit_bundle(book: Book) -> Audit:
 
 # --- (j): how a notebook page reads ---------------------------------------------------------
 GOALS = {"code lines per 100 words": 15, "largest visible cell": 15, "lines over 88 characters": 0,
-         "object reprs and stray values": 0, "figures wider than 8 in": 0,
-         "tables built but not shown": 0}
+         "object reprs and stray values": 0, "figures wider than 8 in": 0}
 MAX_LINE = 88
 _REPR = re.compile(r"<[A-Za-z_][\w.]*(?: object)? at 0x[0-9a-fA-F]+>|\bT_[0-9a-f]{5}(?:_|\b)")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
@@ -240,32 +239,11 @@ def png_width(data: str) -> int:
     return struct.unpack(">I", base64.b64decode(data[:44])[16:20])[0]
 
 
-def unshown_tables(source: str) -> list[int]:
-    """Lines of ``run.show(...)`` calls whose table never reaches the page: a Table shows as
-    the cell's last expression or through ``display(...)``, or is glued or returned for a
-    caller to show; in a loop, assigned or mid-cell it is built and dropped."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    last = tree.body[-1].value if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    shown = {id(last)} | {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _called(node) in ("display", "run.glue"):
-            shown |= {id(arg) for arg in node.args}
-    return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and _called(node) == "run.show" and id(node) not in shown]
-
-
-def _called(call: ast.Call) -> str:
-    return ast.unparse(call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else ""
-
-
 def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
     """measure -> (value, examples) for one executed notebook: what a reader sees is a code
     cell's source unless tagged to hide it, and its outputs unless tagged to remove them."""
     words = code = largest = 0
-    long, reprs, wide, unshown = [], [], [], []
+    long, reprs, wide = [], [], []
     for number, cell in enumerate(nb.cells, 1):
         tags = set(cell.metadata.get("tags", []))
         if cell.cell_type == "markdown":
@@ -277,7 +255,6 @@ def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
             code, largest = code + len(lines), max(largest, len(lines))
         if not tags & {"remove-input", "remove-cell"}:  # hide-input is one click away: it counts
             long += [f"cell {number}: {len(line)} chars" for line in lines if len(line) > MAX_LINE]
-        unshown += [f"cell {number}, line {line}" for line in unshown_tables(cell.source)]
         if tags & {"remove-output", "remove-cell"}:
             continue
         for out in cell.get("outputs", []):
@@ -291,8 +268,7 @@ def reading_measures(nb) -> dict[str, tuple[float, list[str]]]:
     return {"code lines per 100 words": (100 * code / max(words, 1), []),
             "largest visible cell": (largest, []), "lines over 88 characters": (len(long), long),
             "object reprs and stray values": (len(reprs), reprs),
-            "figures wider than 8 in": (len(wide), wide),
-            "tables built but not shown": (len(unshown), unshown)}
+            "figures wider than 8 in": (len(wide), wide)}
 
 
 def reading_problems(nb, name: str) -> list[str]:
@@ -300,6 +276,15 @@ def reading_problems(nb, name: str) -> list[str]:
     return [f"{name}: {measure} = {value:.3g} (goal ≤ {GOALS[measure]})"
             + (f": {'; '.join(examples[:3])}" if examples else "")
             for measure, (value, examples) in reading_measures(nb).items() if value > GOALS[measure]]
+
+
+def unshown_tables(built: dict[str, int], pages: list[str]) -> list[str]:
+    """Each table a notebook built with ``run.show`` (``built``: notebook -> count; numbered
+    1, 2, … in ``data-book-table``) that no rendered page shows: dropped in a loop or
+    mid-cell, by a trailing ``;``, a hidden output, or glued under a key no page uses."""
+    found = {m for page in pages for m in re.findall(r'data-book-table="([^"]+)"', page)}
+    return [f"{nb}: table {k} of {count} is on no page" for nb, count in sorted(built.items())
+            for k in range(1, count + 1) if f"{nb} {k}" not in found]
 
 
 def audit_reading(book: Book) -> Audit:
@@ -310,8 +295,16 @@ def audit_reading(book: Book) -> Audit:
         result.problems += reading_problems(notebook, str(nb))
         for measure, (value, _) in reading_measures(notebook).items():
             worst[measure] = max(worst[measure], value)
+    records = [yaml.safe_load(p.read_text()) or {} for p in sorted(book.checks.rglob("*.yaml"))
+               ] if book.checks.exists() else []
+    built = {r["notebook"]: int(r.get("tables", 0)) for r in records if "notebook" in r}
+    built = {nb: count for nb, count in built.items() if nb in {str(p) for p in book.notebooks}}
+    pages = [html.read_text(errors="replace") for page in book.pages
+             if (html := book.html / page.with_suffix(".html")).exists()]
+    result.problems += unshown_tables(built, pages)
     result.summary = f"{len(chapters)} notebooks; worst: " + ", ".join(
-        f"{measure} {value:.3g}" for measure, value in worst.items())
+        f"{measure} {value:.3g}" for measure, value in worst.items()) + (
+        f"; {sum(built.values())} tables built, each on a page")
     return result
 
 

@@ -6,6 +6,7 @@ outputs go to a scratch folder the runner installs on success; run by hand, to
 
 from __future__ import annotations
 
+import html
 import os
 import random
 import sys
@@ -42,6 +43,7 @@ class NotebookRun:
     commit: str
     output_dir: Path
     checks: dict = field(default_factory=dict)
+    tables: int = 0  # how many run.show has built: audit (j) finds each on the site
 
     @property
     def seed(self) -> int:
@@ -104,8 +106,12 @@ class NotebookRun:
 
     def show(self, df, formats: dict | str | None = None) -> "Table":
         """``df`` for the page: formatted (``{"col": "{:.1e}"}``, or one format for every
-        numeric column), no index, nothing that differs between runs."""
-        return Table(df, formats)
+        numeric column), no index, nothing that differs between runs. Tables are numbered
+        in the notebook (``data-book-table``) and counted, so that audit (j) fails on one
+        built but on no page (dropped in a loop, mid-cell, by ``;`` or a hidden output)."""
+        self.tables += 1
+        self._record()
+        return Table(df, formats, label=f"{self.notebook} {self.tables}")
 
     def glue(self, key: str, value) -> None:
         """Glue ``value`` for the prose (``{glue:text}`nb.ipynb::key:fmt```); a numpy scalar
@@ -128,11 +134,15 @@ class NotebookRun:
             raise ValueError(f"{label} is already checked in this notebook")
         self.checks[label] = {"discrepancy": discrepancy, "tolerance": tolerance, "what": what,
                               "ok": bool(discrepancy <= tolerance)}
+        self._record()
+        self.glue(f"check-{label}", discrepancy)
+
+    def _record(self) -> None:  # the checks and the table count, read by the ledger and audit
         folder = self.output_dir / "checks" / self.chapter
         folder.mkdir(parents=True, exist_ok=True)
+        record = {"notebook": self.notebook, "checks": self.checks, "tables": self.tables}
         (folder / f"{Path(self.notebook).stem}.yaml").write_text(
-            yaml.safe_dump({"notebook": self.notebook, "checks": self.checks}, sort_keys=True))
-        self.glue(f"check-{label}", discrepancy)
+            yaml.safe_dump(record, sort_keys=True))
 
     def log(self, message: str) -> None:
         """A line on the terminal of whoever runs the notebook (the kernel's stderr), never
@@ -166,7 +176,7 @@ class NotebookRun:
 class Table:
     """A formatted table whose HTML and text are the same on every run (see ``run.show``)."""
 
-    def __init__(self, df, formats: dict | str | None = None):
+    def __init__(self, df, formats: dict | str | None = None, label: str | None = None):
         if isinstance(formats, str):
             formats = {c: formats for c in df.columns if df[c].dtype.kind in "fiu"}
         formats = formats or {}
@@ -175,8 +185,9 @@ class Table:
                  for column, spec in formats.items()}
         styler = df.style.hide(axis="index").format(spans, na_rep="—")
         # exclude_styles drops Styler's random table id and its CSS: the theme styles tables.
+        numbered = f' data-book-table="{html.escape(label, quote=True)}"' if label else ""
         self.html = styler.to_html(exclude_styles=True).replace(
-            "<table>", '<table class="dataframe book-table">', 1)
+            "<table>", f'<table class="dataframe book-table"{numbered}>', 1)
         shown = df.copy()
         for column, spec in formats.items():
             if column in shown and shown[column].dtype.kind in "fiu":

@@ -829,10 +829,13 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     """The `ProfileReading` of g given at `distances` (increasing, one per norm, holding D = 1;
     default 0, 1, …, len − 1)."""
     g = _array(norms)
-    D = np.arange(len(g)) if distances is None else np.asarray(distances, dtype=int)
-    if D.shape != g.shape or 1 not in D or np.any(np.diff(D) <= 0):
-        raise ValueError(f"distances must be increasing, one per norm ({len(g)}), and hold D = 1;"
-                         f" got {D.tolist()[:8]}")
+    if distances is None and len(g) < 2:
+        raise ValueError(f"norms must hold g(0) and g(1); got {len(g)} value(s)")
+    D = np.arange(len(g)) if distances is None else np.asarray(distances, dtype=float)
+    if D.shape != g.shape or 1 not in D or np.any(np.diff(D) <= 0) or np.any(D % 1 != 0):
+        raise ValueError(f"distances must be increasing integers, one per norm ({len(g)}), and "
+                         f"hold D = 1; got {D.tolist()[:8]}")
+    D = D.astype(int)
     keep = D >= 1
     g, D = g[keep], D[keep]
     first, far = float(g[0]), float(g[-1])

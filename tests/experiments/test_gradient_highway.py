@@ -1309,9 +1309,11 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
     g1 = 3.8984077871926464  # g(2) == 1e3·g(1) in floating point: growth exactly 1/eps, not growth
     tie = read_profile([5.0, g1, 1e3 * g1], 1e-3)
     assert (tie.growth, tie.verdict) == (1000.0, "preserved")
-    for distances in ([0, 2, 4], [1, 2], [0, 1, 1]):  # no g(1); one short; not increasing
-        with pytest.raises(ValueError, match="distances"):
+    for distances in ([0, 2, 4], [1, 2], [0, 1, 1], [0, 1.9, 4], [0.5, 1, 4]):
+        with pytest.raises(ValueError, match="distances"):  # no g(1), short, repeats, not integers
             read_profile([5.0, 0.0, 3.0], 1e-3, distances)
+    with pytest.raises(ValueError, match="norms must hold g"):
+        read_profile([5.0])
 
 
 def test_read_profile_reads_the_stored_values_when_eps_g1_is_subnormal():

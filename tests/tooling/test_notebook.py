@@ -14,6 +14,8 @@ def test_table_keeps_each_formatted_number_on_one_line_and_lets_text_wrap():
     assert '<span class="num">64</span>' in table.html
     assert ">S4D Lin<" in table.html and "T_" not in table.html
     assert table.text.split() == ["model", "error", "n", "S4D", "Lin", "9.8e-33", "64"]
+    labelled = Table(pd.DataFrame({"a": [1]}), label='x.ipynb 2 "')  # numbered by run.show
+    assert '<table class="dataframe book-table" data-book-table="x.ipynb 2 &quot;">' in labelled.html
 
 
 def test_figures_must_fit_the_page():
@@ -37,3 +39,20 @@ def test_figures_must_fit_the_page():
     ax.set_title("t", fontsize=8)                 # 8 pt = 12.2 px saved, 9.6 px shown
     assert "9.6 px" in figure_problems(scaled)[0]
     plt.close("all")
+
+
+def test_run_show_numbers_its_tables_and_records_the_count_with_the_checks(tmp_path):
+    import yaml
+
+    from bookbuild.notebook import NotebookRun
+
+    run = NotebookRun("chapters/x/y.ipynb", {"seed": 0}, "published", "c", tmp_path)
+    df = pd.DataFrame({"a": [1.0]})
+    first, second = run.show(df), run.show(df, "{:.1f}")
+    assert 'data-book-table="chapters/x/y.ipynb 1"' in first.html
+    assert 'data-book-table="chapters/x/y.ipynb 2"' in second.html
+    run.checks["thm-x"] = {"discrepancy": 0.0}  # as run.check leaves it, without the glue
+    run.show(df)
+    record = yaml.safe_load((tmp_path / "checks" / "x" / "y.yaml").read_text())
+    assert record == {"notebook": "chapters/x/y.ipynb", "tables": 3,
+                      "checks": {"thm-x": {"discrepancy": 0.0}}}
