@@ -10,6 +10,7 @@ import re
 import shutil
 import struct
 from dataclasses import dataclass, field
+from html import unescape
 
 import nbformat
 import yaml
@@ -282,7 +283,7 @@ def unshown_tables(built: dict[str, int], pages: list[str]) -> list[str]:
     """Each table a notebook built with ``run.show`` (``built``: notebook -> count; numbered
     1, 2, … in ``data-book-table``) that no rendered page shows: dropped in a loop or
     mid-cell, by a trailing ``;``, a hidden output, or glued under a key no page uses."""
-    found = {m for page in pages for m in re.findall(r'data-book-table="([^"]+)"', page)}
+    found = {unescape(m) for page in pages for m in re.findall(r'data-book-table="([^"]+)"', page)}
     return [f"{nb}: table {k} of {count} is on no page" for nb, count in sorted(built.items())
             for k in range(1, count + 1) if f"{nb} {k}" not in found]
 
@@ -299,8 +300,8 @@ def audit_reading(book: Book) -> Audit:
                ] if book.checks.exists() else []
     built = {r["notebook"]: int(r.get("tables", 0)) for r in records if "notebook" in r}
     built = {nb: count for nb, count in built.items() if nb in {str(p) for p in book.notebooks}}
-    pages = [html.read_text(errors="replace") for page in book.pages
-             if (html := book.html / page.with_suffix(".html")).exists()]
+    pages = [path.read_text(errors="replace") for page in book.pages
+             if (path := book.html / page.with_suffix(".html")).exists()]
     result.problems += unshown_tables(built, pages)
     result.summary = f"{len(chapters)} notebooks; worst: " + ", ".join(
         f"{measure} {value:.3g}" for measure, value in worst.items()) + (

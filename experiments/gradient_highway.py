@@ -829,6 +829,8 @@ def read_profile(norms: Any, eps: float = 1e-3, distances: Any = None) -> Profil
     """The `ProfileReading` of g given at `distances` (increasing, one per norm, holding D = 1;
     default 0, 1, …, len − 1)."""
     g = _array(norms)
+    if not np.isfinite(g).all():
+        raise ValueError(f"norms must be finite; got {g[~np.isfinite(g)][:3].tolist()}")
     if distances is None and len(g) < 2:
         raise ValueError(f"norms must hold g(0) and g(1); got {len(g)} value(s)")
     D = np.arange(len(g)) if distances is None else np.asarray(distances, dtype=float)

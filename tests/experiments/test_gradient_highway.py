@@ -1314,6 +1314,9 @@ def test_read_profile_tells_growth_preservation_and_decay_apart():
             read_profile([5.0, 0.0, 3.0], 1e-3, distances)
     with pytest.raises(ValueError, match="norms must hold g"):
         read_profile([5.0])
+    for norms in ([5.0, 1.0, np.inf, np.nan], [5.0, 1.0, 1.0, np.nan]):  # would read "decays"
+        with pytest.raises(ValueError, match="norms must be finite"):
+            read_profile(norms)
 
 
 def test_read_profile_reads_the_stored_values_when_eps_g1_is_subnormal():

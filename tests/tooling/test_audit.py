@@ -123,6 +123,12 @@ def test_a_table_built_but_on_no_page_is_named():
     assert audit.unshown_tables(built, pages) == ["chapters/x/a.ipynb: table 2 of 2 is on no page"]
     assert audit.unshown_tables(built, [*pages, 'data-book-table="chapters/x/a.ipynb 2"']) == []
     assert audit.unshown_tables({"chapters/x/a.ipynb": 1}, ['data-book-table="chapters/x/a.ipynb 11"'])
+    import pandas as pd
+
+    from bookbuild.notebook import Table  # a label the page escapes is found unescaped
+
+    odd = 'chapters/x/q&a "b".ipynb'
+    assert audit.unshown_tables({odd: 1}, [Table(pd.DataFrame({"a": [1]}), label=f"{odd} 1").html]) == []
 
 
 # --- on a built book ----------------------------------------------------------------------------
