@@ -1350,8 +1350,10 @@ def test_prop_rnn_gradient_switching_saturation_refutes_the_constant_search():
     profile = jacobian_norms(rnn, X, n - 1)[::-1]
     np.testing.assert_allclose(profile[[1, 20, 40, 60]], [1.5, 57.665, 3325.26, 1.9175e5], rtol=1e-4)
     assert read_profile(profile).verdict == "grows"
-    # the reach search (adversarial_profile, then read_profile) finds the growth (a constant-set search
-    # would read decays)
+    # the reach search (adversarial_profile, then read_profile) finds the growth; a constant-set search
+    # (period 1) does not: at this n it reads preserved (g(60)/g(1) = 0.9^59), decays only from n = 68
+    const = adversarial_profile(rnn, n, range(1, n), radius=4.0, saturation=20.0, period=1)
+    assert read_profile(const.norms, 1e-3, const.distances).verdict == "preserved"
     found = adversarial_profile(rnn, n, range(1, n), radius=4.0, saturation=20.0, period=3)
     assert read_profile(found.norms, 1e-3, found.distances).verdict == "grows"
     np.testing.assert_allclose(found.norms, profile[1:], rtol=1e-12)
